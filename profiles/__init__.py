@@ -1,0 +1,1 @@
+"""Iteration-time models: measured data, fitting and prediction, and the calibration runner."""

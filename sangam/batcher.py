@@ -1,0 +1,219 @@
+"""Algorithm 1: the worker-local deficit token-budget batcher.
+
+Every iteration seats the in-flight decodes first (they are never displaced), then admits
+whole waiting prefills in their request's original arrival order while each fits
+
+    budget = tau - 32 * decodes + deficit
+
+and free KV pages, stopping at the first that does not. An empty microbatch admits the
+head prefill whatever its size (the idle rule). With no prefill waiting the deficit is
+cleared; otherwise the leftover budget, if positive, is carried to the next iteration.
+A memory stall carries only the previous deficit, less what was spent of it, so waiting
+for pages never banks fresh budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sangam.hardware import BLOCK
+from sangam.kv import PagePool
+from sangam.request import Request
+
+
+class Policy(StrEnum):
+    DEFICIT = "deficit"  # Algorithm 1 under budget tau
+    PREFILL_FIRST = "prefill-first"  # tau = infinity: Orca / vLLM / dLLM-Serve refresh-reuse
+    FASTDLLM = "fastdllm"  # one request at a time (the paper's in-system Fast-dLLM)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    """How one worker forms microbatches."""
+
+    policy: Policy = Policy.DEFICIT
+    budget: int = 1024  # tau, tokens per iteration (ignored by prefill-first)
+    max_decodes: int = 64  # decodes seated per iteration; more wait their turn
+
+    def __post_init__(self) -> None:
+        if self.budget <= 0:
+            raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
+        if self.max_decodes <= 0:
+            raise ValueError(f"max_decodes must be positive, got {self.max_decodes}")
+
+    @property
+    def tau(self) -> float:
+        return math.inf if self.policy is Policy.PREFILL_FIRST else self.budget
+
+
+@dataclass(slots=True)  # not frozen: built every simulated iteration, and frozen init is slow
+class Microbatch:
+    """One iteration's work and the budget arithmetic that chose it; never mutated."""
+
+    decodes: tuple[Request, ...]
+    prefills: tuple[Request, ...]
+    waiting: int  # prefills waiting when the microbatch was formed
+    deficit_before: int
+    budget: float  # tau - 32 * decodes + deficit_before
+    deficit_after: int
+    memory_blocked: bool = False
+
+    @property
+    def decode_tokens(self) -> int:
+        return BLOCK * len(self.decodes)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(r.seq_len for r in self.prefills)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one iteration changed, as the router needs to hear it; never mutated."""
+
+    prefilled: tuple[Request, ...]  # every prefill that ran
+    handoffs: tuple[Request, ...]  # prefilled on a hand-off worker, block goes on: move the KV
+    finished: tuple[Request, ...]  # blocks that ended; their pages are already free
+
+
+class Batcher:
+    """The per-worker scheduler; the sim and live drivers call it every iteration.
+
+    `hand_off` marks a prefill-only worker: its prefilled requests leave for a decode
+    worker and keep their pages until `release` is called after the KV transfer.
+    """
+
+    def __init__(self, worker: int, config: BatchConfig, pool: PagePool, *, hand_off: bool = False) -> None:
+        self.worker = worker
+        self.config = config
+        self.pool = pool
+        self.hand_off = hand_off
+        self.decodes: list[Request] = []
+        self.deficit = 0
+        self._waiting: list[tuple[float, int, Request]] = []
+        self._ready: deque[Request] = deque()  # prefilled, holding pages, waiting for a decode seat
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._ready or self.decodes)
+
+    @property
+    def waiting_tokens(self) -> int:
+        return sum(r.seq_len for _, _, r in self._waiting)
+
+    def add_prefill(self, req: Request) -> None:
+        """Queue the current block's prefill, ordered by the request's original arrival."""
+        heapq.heappush(self._waiting, (req.arrival, req.id, req))
+
+    def add_decode(self, req: Request) -> None:
+        """Take a request whose KV already sits in this worker's pool (after a transfer)."""
+        req.record.decode_worker = self.worker
+        self._ready.append(req)
+
+    def release(self, req: Request) -> None:
+        """Free a handed-off request's pages once its KV has left."""
+        self.pool.release(req.id)
+
+    def next_microbatch(self, now: float) -> Microbatch:
+        """Form this iteration's microbatch at time `now`."""
+        self._seat_ready(now)
+        if self.config.policy is Policy.FASTDLLM and self.decodes:
+            return self._decode_only()
+        if not self._waiting:
+            return self._decode_only()
+        return self._admit(now)
+
+    def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
+        """Apply `forwards` identical iterations of `mb`, the last ending at `now`.
+
+        Several forwards are allowed only for a decode-only microbatch in which no block
+        ends before the last of them (see `decode_run_length`).
+        """
+        handoffs: list[Request] = []
+        finished: list[Request] = []
+        for req in mb.prefills:
+            req.record.prefill_end = now
+            req.step = 1
+            if req.steps[req.block] == 1:
+                self._end_block(req, now, finished)
+            elif self.hand_off:
+                handoffs.append(req)
+            else:
+                req.record.decode_worker = self.worker
+                self._ready.append(req)
+        ended = []
+        for req in mb.decodes:
+            req.step += forwards
+            if req.step >= req.steps[req.block]:
+                ended.append(req)
+        if ended:
+            gone = set(map(id, ended))
+            self.decodes = [r for r in self.decodes if id(r) not in gone]
+            for req in ended:
+                self._end_block(req, now, finished)
+        return Outcome(mb.prefills, tuple(handoffs), tuple(finished))
+
+    def decode_run_length(self) -> int:
+        """Identical decode-only iterations ahead if nothing new arrives; 0 if prefills wait."""
+        if self._waiting or self._ready or not self.decodes:
+            return 0
+        return min(r.remaining_steps for r in self.decodes)
+
+    def _seat_ready(self, now: float) -> None:
+        cap = 1 if self.config.policy is Policy.FASTDLLM else self.config.max_decodes
+        while self._ready and len(self.decodes) < cap:
+            req = self._ready.popleft()
+            req.record.decode_start = now
+            self.decodes.append(req)
+
+    def _decode_only(self) -> Microbatch:
+        before, self.deficit = self.deficit, 0
+        budget = self.config.tau - BLOCK * len(self.decodes) + before
+        return Microbatch(tuple(self.decodes), (), len(self._waiting), before, budget, 0)
+
+    def _admit(self, now: float) -> Microbatch:
+        fresh = self.config.tau - BLOCK * len(self.decodes)
+        before = self.deficit
+        budget = fresh + before
+        waiting = len(self._waiting)
+        one_only = self.config.policy is Policy.FASTDLLM
+        admitted: list[Request] = []
+        spent = 0
+        blocked = False
+        while self._waiting and not (one_only and admitted):
+            req = self._waiting[0][2]
+            idle = not self.decodes and not admitted
+            if not (spent + req.seq_len <= budget or idle):
+                break
+            if not self.pool.can_allocate(req.pages):
+                blocked = True
+                break
+            heapq.heappop(self._waiting)
+            self.pool.allocate(req.id, req.pages)
+            req.record.prefill_start = now
+            admitted.append(req)
+            spent += req.seq_len
+        if blocked:
+            self.deficit = int(max(0, before - max(0, spent - fresh)))
+        else:
+            self.deficit = int(max(budget - spent, 0)) if math.isfinite(budget) else 0
+        return Microbatch(
+            tuple(self.decodes), tuple(admitted), waiting, before, budget, self.deficit, blocked
+        )
+
+    def _end_block(self, req: Request, now: float, finished: list[Request]) -> None:
+        self.pool.release(req.id)
+        req.end_block(now)
+        finished.append(req)

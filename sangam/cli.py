@@ -1,0 +1,171 @@
+"""`sangam` command line: `sim` and `trace`. Drivers are imported lazily."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sangam.batcher import Policy
+from sangam.config import RunConfig
+
+DEFAULTS = RunConfig()
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit status 2."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def qps_list(text: str) -> list[float]:
+    return [positive_float(part) for part in text.split(",") if part]
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sangam", description="Serve and simulate cached diffusion LLMs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    sim = commands.add_parser("sim", help="simulate a layout on a workload (SimPy, profiled iteration times)")
+    sim.add_argument("--mode", default=DEFAULTS.mode, help="colocated, <n>C, <n>P<m>D or <n>P<m>C")
+    sim.add_argument("--model", default=DEFAULTS.model, help="llada-8b or dream-7b")
+    sim.add_argument("--gpu", default=DEFAULTS.gpu, help="h100 or h200")
+    sim.add_argument("--gpus", type=positive_int, default=DEFAULTS.gpus, help="workers of plain 'colocated'")
+    sim.add_argument("--trace", default=DEFAULTS.trace, help="sharegpt, arxiv, or a .csv/.jsonl trace file")
+    sim.add_argument(
+        "--qps", type=qps_list, nargs="+", default=[[DEFAULTS.qps]], help="one or more rates (space or comma)"
+    )
+    sim.add_argument("--num-requests", type=positive_int, default=DEFAULTS.num_requests)
+    sim.add_argument(
+        "--arrival-cv", type=positive_float, help="gamma arrivals with this CV (default Poisson)"
+    )
+    sim.add_argument("--mask-len", type=positive_int, help="mask buffer (default 1024 ShareGPT, 512 arXiv)")
+    sim.add_argument("--budget", type=positive_int, default=DEFAULTS.budget, help="tau of colocated workers")
+    sim.add_argument("--prefill-budget", type=positive_int, default=DEFAULTS.prefill_budget)
+    sim.add_argument("--theta", type=positive_int, default=DEFAULTS.theta, help="hybrid overflow threshold")
+    sim.add_argument("--policy", choices=[p.value for p in Policy], default=DEFAULTS.policy.value)
+    sim.add_argument("--max-decodes", type=positive_int, default=DEFAULTS.max_decodes)
+    sim.add_argument("--pages", type=positive_int, help="KV pages per worker (default: from GPU memory)")
+    sim.add_argument(
+        "--progress", help="forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, empirical:FILE"
+    )
+    sim.add_argument("--link-gbps", type=positive_float, default=100.0, help="KV link bandwidth, GB/s")
+    sim.add_argument("--link-latency-ms", type=float, default=1.0, help="KV link latency, ms")
+    sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    sim.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")
+    sim.add_argument("--iteration-log", type=Path, help="write one CSV row per worker iteration")
+
+    trace = commands.add_parser("trace", help="write a synthetic trace file")
+    trace.add_argument("--dataset", choices=["sharegpt", "arxiv"], default="sharegpt")
+    trace.add_argument("-n", "--num-requests", type=positive_int, default=20000)
+    trace.add_argument("--qps", type=positive_float, default=DEFAULTS.qps)
+    trace.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    trace.add_argument("-o", "--output", type=Path, required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "sim":
+            return run_sim(args)
+        return run_trace(args)
+    except (UsageError, ValueError, OSError) as err:
+        print(f"sangam: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sangam: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_config(args: argparse.Namespace, qps: float) -> RunConfig:
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given.update(qps=qps, policy=Policy(args.policy))
+    return RunConfig(**given)
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from profiles.analytic import AnalyticCostModel
+    from sangam.config import synthetic_rows, with_arrival_times
+    from sangam.hardware import lookup_gpu
+    from sangam.progress import empirical, parse_progress
+    from sangam.report import print_sim_table
+    from sangam.results import ITERATION_COLUMNS, write_csv, write_results
+    from sangam.traces import read_steps, read_trace
+    from sim.cluster import LinkSpec
+    from sim.run import simulate
+
+    rates = [q for group in args.qps for q in group]
+    if not rates:
+        raise UsageError("--qps needs at least one positive rate")
+    configs = [run_config(args, q) for q in rates]
+    progress = None
+    if args.progress:
+        kind, _, path = args.progress.partition(":")
+        progress = empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(args.progress)
+    file_rows = None if configs[0].is_synthetic else read_trace(Path(args.trace))
+    cost = AnalyticCostModel(configs[0].model_spec, lookup_gpu(configs[0].gpu))
+    link = LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
+    results = []
+    for cfg in configs:
+        if file_rows is None:
+            rows = synthetic_rows(cfg)
+        else:
+            rows = with_arrival_times(cfg, file_rows[: cfg.num_requests])
+        result = simulate(
+            cfg, rows, cost, progress=progress, link=link, log_iterations=bool(args.iteration_log)
+        )
+        results.append(result)
+        several = len(configs) > 1
+        if args.out:
+            write_results(
+                args.out / f"qps-{cfg.qps:g}" if several else args.out, result.requests, result.summary
+            )
+        if args.iteration_log and result.iterations is not None:
+            log = args.iteration_log
+            path = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}") if several else log
+            write_csv(path, ITERATION_COLUMNS, result.iterations)
+    print_sim_table([r.summary for r in results])
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from sangam.config import synthetic_rows
+    from sangam.traces import write_trace
+
+    cfg = RunConfig(trace=args.dataset, num_requests=args.num_requests, qps=args.qps, seed=args.seed)
+    rows = synthetic_rows(cfg)
+    write_trace(args.output, rows)
+    print(f"wrote {len(rows)} requests to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

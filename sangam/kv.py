@@ -1,0 +1,48 @@
+"""KV page accounting in integers: which request holds which pages of one worker."""
+
+from __future__ import annotations
+
+
+class PagePool:
+    """A worker's KV pages; `allocate` hands out page ids, `release` takes them all back."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"a KV pool needs at least one page, got {capacity}")
+        self.capacity = capacity
+        self._free = list(range(capacity - 1, -1, -1))
+        self._held: dict[int, list[int]] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.capacity - len(self._free)
+
+    def can_allocate(self, pages: int) -> bool:
+        return pages <= len(self._free)
+
+    def allocate(self, owner: int, pages: int) -> list[int]:
+        """Give `owner` (a request id) `pages` pages; an owner holds one allocation at a time."""
+        if owner in self._held:
+            raise ValueError(f"request {owner} already holds KV pages")
+        if not self.can_allocate(pages):
+            raise MemoryError(f"request {owner} needs {pages} pages, {len(self._free)} free")
+        ids = self._free[len(self._free) - pages :]
+        del self._free[len(self._free) - pages :]
+        self._held[owner] = ids
+        return ids
+
+    def release(self, owner: int) -> int:
+        """Return every page `owner` holds; the number returned."""
+        ids = self._held.pop(owner)
+        self._free.extend(ids)
+        return len(ids)
+
+    def pages_of(self, owner: int) -> list[int]:
+        return self._held[owner]
+
+    def holds(self, owner: int) -> bool:
+        return owner in self._held

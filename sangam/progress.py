@@ -1,0 +1,138 @@
+"""How many denoising forwards each 32-token block needs (d in [1, 32]).
+
+The count is data-dependent under confidence-threshold unmasking (paper section 3.2).
+The simulator draws it to advance requests; live runs on random weights force the same
+draws so that sim and live do identical work. A seeded generator is always passed in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sangam.hardware import BLOCK
+
+# Defaults per (model, trace): mean and std of forwards per block. ASSUMPTION, to be
+# calibrated with real weights: content blocks of LLaDA take about 8-16 forwards at
+# threshold 0.9 (2-4 tokens per step, Fast-dLLM GSM8K figures), Dream commits fewer tokens
+# per step than LLaDA; no chat or summarisation figures are published.
+DEFAULT_PROGRESS: dict[tuple[str, str], tuple[float, float]] = {
+    ("llada-8b", "sharegpt"): (10.0, 5.0),
+    ("llada-8b", "arxiv"): (9.0, 4.5),
+    ("dream-7b", "sharegpt"): (13.0, 6.0),
+    ("dream-7b", "arxiv"): (12.0, 5.5),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressModel:
+    """A discrete distribution over forwards per block, sampled by inverse CDF."""
+
+    name: str
+    values: tuple[int, ...]
+    cdf: tuple[float, ...]
+
+    def draw(self, rng: random.Random) -> int:
+        """Forwards the next block needs."""
+        return self.values[bisect.bisect_right(self.cdf, rng.random() * self.cdf[-1])]
+
+    def plan(self, n_blocks: int, rng: random.Random) -> tuple[int, ...]:
+        """Forwards for each of a request's blocks."""
+        return tuple(self.draw(rng) for _ in range(n_blocks))
+
+    @property
+    def mean(self) -> float:
+        weights = [b - a for a, b in zip((0.0, *self.cdf), self.cdf, strict=False)]
+        return sum(v * w for v, w in zip(self.values, weights, strict=True)) / self.cdf[-1]
+
+
+def _from_weights(name: str, values: Sequence[int], weights: Sequence[float]) -> ProgressModel:
+    return ProgressModel(name, tuple(values), tuple(itertools.accumulate(weights)))
+
+
+def fixed(d: int) -> ProgressModel:
+    """Every block takes exactly `d` forwards."""
+    _check_steps(d)
+    return _from_weights(f"fixed:{d}", [d], [1.0])
+
+
+def uniform(lo: int, hi: int) -> ProgressModel:
+    """Forwards uniform on [lo, hi]."""
+    _check_steps(lo)
+    _check_steps(hi)
+    if lo > hi:
+        raise ValueError(f"uniform progress needs lo <= hi, got {lo} > {hi}")
+    return _from_weights(f"uniform:{lo}:{hi}", range(lo, hi + 1), [1.0] * (hi - lo + 1))
+
+
+def beta_binomial(mean: float, std: float) -> ProgressModel:
+    """1 + BetaBinomial(31, a, b) with the given mean and standard deviation."""
+    n = BLOCK - 1
+    if not 1.0 < mean < BLOCK:
+        raise ValueError(f"mean forwards per block must lie strictly between 1 and {BLOCK}, got {mean}")
+    p = (mean - 1) / n
+    ratio = std**2 / (n * p * (1 - p))  # variance over the binomial's
+    lo, hi = math.sqrt(n * p * (1 - p)), math.sqrt(n * n * p * (1 - p))
+    if not 1.0 < ratio < n:
+        raise ValueError(f"spread {std} out of range for mean {mean}: choose between {lo:.2f} and {hi:.2f}")
+    total = (n - ratio) / (ratio - 1)
+    a, b = p * total, (1 - p) * total
+    log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    weights = [
+        math.exp(
+            math.lgamma(n + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(n - k + 1)
+            + math.lgamma(k + a)
+            + math.lgamma(n - k + b)
+            - math.lgamma(n + a + b)
+            - log_beta
+        )
+        for k in range(n + 1)
+    ]
+    return _from_weights(f"betabinom:{mean:g}:{std:g}", range(1, BLOCK + 1), weights)
+
+
+def empirical(samples: Sequence[int]) -> ProgressModel:
+    """Draw from observed per-block forward counts."""
+    if not samples:
+        raise ValueError("empirical progress needs at least one sample")
+    for d in samples:
+        _check_steps(d)
+    counts = {d: samples.count(d) for d in sorted(set(samples))}
+    return _from_weights(f"empirical:{len(samples)}", list(counts), [float(c) for c in counts.values()])
+
+
+def default_progress(model: str, trace: str) -> ProgressModel:
+    """The documented default for a (model, trace) pair; other traces use ShareGPT's."""
+    mean, std = DEFAULT_PROGRESS.get((model, trace), DEFAULT_PROGRESS[(model, "sharegpt")])
+    return beta_binomial(mean, std)
+
+
+def parse_progress(spec: str, samples: Sequence[int] | None = None) -> ProgressModel:
+    """`fixed:D`, `uniform:LO:HI`, `betabinom:MEAN:STD`, or `empirical` with `samples` given."""
+    kind, _, rest = spec.partition(":")
+    args = rest.split(":") if rest else []
+    try:
+        if kind == "fixed" and len(args) == 1:
+            return fixed(int(args[0]))
+        if kind == "uniform" and len(args) == 2:
+            return uniform(int(args[0]), int(args[1]))
+        if kind == "betabinom" and len(args) == 2:
+            return beta_binomial(float(args[0]), float(args[1]))
+    except ValueError as err:
+        raise ValueError(f"bad progress model {spec!r}: {err}") from None
+    if kind == "empirical" and samples is not None:
+        return empirical(samples)
+    raise ValueError(
+        f"bad progress model {spec!r}: use fixed:D, uniform:LO:HI, betabinom:MEAN:STD or empirical:FILE"
+    )
+
+
+def _check_steps(d: int) -> None:
+    if not 1 <= d <= BLOCK:
+        raise ValueError(f"forwards per block must be in [1, {BLOCK}], got {d}")

@@ -1,0 +1,79 @@
+"""A request's life: prompt plus mask buffer, generated one 32-token block at a time.
+
+Every block starts with a prefill over all `seq_len` tokens (the block's first denoising
+forward), then runs decode steps of 32 tokens until the block's planned number of
+forwards is done; its KV pages are freed when the block ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sangam.hardware import BLOCK, pages_for
+
+
+@dataclass(slots=True)
+class BlockRecord:
+    """Timestamps (seconds) and placement of one block; None until it happens."""
+
+    ready: float  # arrival for the first block, end of the previous block after that
+    dispatch: float | None = None
+    prefill_worker: int | None = None
+    overflow: bool = False
+    prefill_start: float | None = None
+    prefill_end: float | None = None
+    transfer_start: float | None = None
+    transfer_end: float | None = None
+    decode_worker: int | None = None
+    decode_start: float | None = None
+    end: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request; `steps[b]` is the number of forwards block b needs (1..32)."""
+
+    id: int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    mask_len: int
+    steps: tuple[int, ...]
+    block: int = 0
+    step: int = 0  # forwards done in the current block
+    blocks: list[BlockRecord] = field(default_factory=list)
+    seq_len: int = field(init=False)  # S: the tokens every prefill of this request runs over
+    pages: int = field(init=False)  # KV pages a block holds
+
+    def __post_init__(self) -> None:
+        if len(self.steps) != self.n_blocks:
+            raise ValueError(f"request {self.id}: {len(self.steps)} step counts for {self.n_blocks} blocks")
+        self.seq_len = self.prompt_len + self.mask_len
+        self.pages = pages_for(self.seq_len)
+        if not self.blocks:
+            self.blocks.append(BlockRecord(ready=self.arrival))
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.output_len // BLOCK)
+
+    @property
+    def record(self) -> BlockRecord:
+        return self.blocks[self.block]
+
+    @property
+    def remaining_steps(self) -> int:
+        """Forwards left in the current block."""
+        return self.steps[self.block] - self.step
+
+    @property
+    def finished(self) -> bool:
+        return self.block >= self.n_blocks
+
+    def end_block(self, now: float) -> None:
+        """Close the current block; open the next one, ready at `now`, if any remains."""
+        self.record.end = now
+        self.block += 1
+        self.step = 0
+        if not self.finished:
+            self.blocks.append(BlockRecord(ready=now))

@@ -1,0 +1,159 @@
+"""Central routers: where each block's prefill runs and where its KV goes to decode.
+
+A router is told about arrivals, finished worker iterations and finished KV transfers,
+and answers with actions for the driver to carry out. Every block's prefill is routed
+afresh, because KV is freed at block end and only token ids persist.
+
+Load signals kept here: `outstanding[w]`, prefill tokens dispatched to worker w and not
+yet prefilled; `free[w]`, a central tally of w's free KV pages (pools whose memory the
+router manages: the prefill pool, and the decode-role pool that KV transfers land in).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sangam.batcher import Outcome
+from sangam.layout import Kind, Layout, Role
+from sangam.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Queue the current block's prefill of `req` on `worker`."""
+
+    req: Request
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Move `req`'s KV from `src` to `dst`; pages on `dst` are already reserved."""
+
+    req: Request
+    src: int
+    dst: int
+
+
+Action = Dispatch | Transfer
+
+
+class Router:
+    """Routing for one layout: colocated, static disaggregated or hybrid (Algorithm 2)."""
+
+    def __init__(self, layout: Layout, pages: int, rng: random.Random, theta: int = 8192) -> None:
+        if theta <= 0:
+            raise ValueError(f"theta must be a positive number of tokens, got {theta}")
+        self.layout = layout
+        self.theta = theta
+        self.rng = rng
+        roles = layout.roles
+        self.outstanding = [0] * len(roles)
+        self.free = [pages] * len(roles)
+        self.prefill_pool = [w for w, role in enumerate(roles) if role is Role.PREFILL]
+        self.decode_pool = [w for w, role in enumerate(roles) if role is not Role.PREFILL]
+        self._pending: list[tuple[float, int, Request]] = []  # blocks waiting for a prefill worker
+        self._decode_ready: list[tuple[float, int, Request, int]] = []  # prefilled, waiting for decode pages
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def num_decode_ready(self) -> int:
+        return len(self._decode_ready)
+
+    def on_arrival(self, now: float, req: Request) -> list[Action]:
+        """A new request: route its first block."""
+        heapq.heappush(self._pending, (req.arrival, req.id, req))
+        return self._drain(now)
+
+    def on_iteration(self, now: float, worker: int, outcome: Outcome) -> list[Action]:
+        """Worker `worker` finished an iteration: release charges, route what comes next."""
+        for req in outcome.prefilled:
+            self.outstanding[worker] -= req.seq_len
+        for req in outcome.handoffs:
+            heapq.heappush(self._decode_ready, (req.arrival, req.id, req, worker))
+        for req in outcome.finished:
+            if self.layout.kind is not Kind.COLOCATED:
+                self.free[worker] += req.pages
+            if not req.finished:
+                heapq.heappush(self._pending, (req.arrival, req.id, req))
+        return self._drain(now)
+
+    def on_transfer_done(self, now: float, req: Request, src: int) -> list[Action]:
+        """`req`'s KV has left `src`, whose pages are free again."""
+        self.free[src] += req.pages
+        return self._drain(now)
+
+    def _drain(self, now: float) -> list[Action]:
+        """Completed prefills first, then new prefills; each queue strictly head-of-line."""
+        actions: list[Action] = []
+        while self._decode_ready:
+            _, _, req, src = self._decode_ready[0]
+            dst = self._decode_target(req)
+            if dst is None:
+                break
+            heapq.heappop(self._decode_ready)
+            self.free[dst] -= req.pages
+            req.record.decode_worker = dst
+            actions.append(Transfer(req, src, dst))
+        while self._pending:
+            req = self._pending[0][2]
+            target = self._prefill_target(req)
+            if target is None:
+                break
+            heapq.heappop(self._pending)
+            worker, overflow = target
+            self._charge(worker, req)
+            req.record.dispatch = now
+            req.record.prefill_worker = worker
+            req.record.overflow = overflow
+            actions.append(Dispatch(req, worker))
+        return actions
+
+    def _charge(self, worker: int, req: Request) -> None:
+        self.outstanding[worker] += req.seq_len
+        if self.layout.kind is not Kind.COLOCATED:
+            self.free[worker] -= req.pages
+
+    def _prefill_target(self, req: Request) -> tuple[int, bool] | None:
+        """Where the block's prefill goes, and whether that is an overflow."""
+        kind = self.layout.kind
+        if kind is Kind.COLOCATED:
+            return self._least_loaded(self.decode_pool), False
+        fits = [w for w in self.prefill_pool if self.free[w] >= req.pages]
+        if kind is Kind.DISAGGREGATED:
+            worker = self._least_loaded(fits) if fits else None
+            return None if worker is None else (worker, False)
+        under = [w for w in fits if self.outstanding[w] < self.theta]
+        if under:
+            return self._least_loaded(under), False
+        worker = self._overflow_target(req)
+        return None if worker is None else (worker, True)
+
+    def _overflow_target(self, req: Request) -> int | None:
+        """Algorithm 2's overflow: least-loaded colocated worker under theta whose pages
+        fit the request after the decode-ready backlog has been served."""
+        backlog = sum(entry[2].pages for entry in self._decode_ready)
+        if sum(self.free[w] for w in self.decode_pool) - backlog < req.pages:
+            return None
+        fits = [w for w in self.decode_pool if self.outstanding[w] < self.theta and self.free[w] >= req.pages]
+        return self._least_loaded(fits) if fits else None
+
+    def _decode_target(self, req: Request) -> int | None:
+        """The decode-role worker with the most free pages, if the KV fits there."""
+        most = max(self.free[w] for w in self.decode_pool)
+        if most < req.pages:
+            return None
+        return self._tie_break([w for w in self.decode_pool if self.free[w] == most])
+
+    def _least_loaded(self, workers: Sequence[int]) -> int:
+        least = min(self.outstanding[w] for w in workers)
+        return self._tie_break([w for w in workers if self.outstanding[w] == least])
+
+    def _tie_break(self, workers: list[int]) -> int:
+        return workers[0] if len(workers) == 1 else self.rng.choice(workers)

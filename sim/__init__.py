@@ -1,0 +1,1 @@
+"""SimPy drivers around the pure `sangam` core."""

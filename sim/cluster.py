@@ -1,0 +1,187 @@
+"""The SimPy cluster: a process per worker, KV links, arrivals, around the pure core.
+
+Workers form microbatches with `sangam.batcher.Batcher`, spend the cost model's time,
+apply the outcome and tell `sangam.router.Router`, whose actions the cluster carries out.
+Decode-only stretches run as one timeout of k identical iterations (exact: nothing in the
+microbatch changes until a block ends); a dispatch or an arriving decode cuts the stretch
+short at the end of the iteration in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from sangam.batcher import BatchConfig, Batcher, Microbatch
+from sangam.cost import CostModel
+from sangam.kv import PagePool
+from sangam.layout import Layout, Role
+from sangam.request import Request
+from sangam.results import iteration_row
+from sangam.router import Action, Dispatch, Router, Transfer
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A pairwise GPU link: transfer time = bytes / bandwidth + latency."""
+
+    gb_per_s: float = 100.0  # ASSUMPTION until the live NCCL transfer is measured
+    latency_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        if not self.gb_per_s > 0 or self.latency_s < 0:
+            raise ValueError(f"a link needs positive bandwidth and non-negative latency, got {self}")
+
+    def seconds(self, nbytes: int) -> float:
+        return nbytes / (self.gb_per_s * 1e9) + self.latency_s
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    layout: Layout
+    batch: BatchConfig  # colocated and decode-role workers
+    prefill_batch: BatchConfig  # prefill-role workers
+    theta: int
+    pages: int  # KV pages per worker
+    kv_bytes_per_token: int
+    link: LinkSpec = LinkSpec()
+
+
+class SimWorker:
+    """One GPU worker: the Batcher driven by simulated time."""
+
+    def __init__(self, cluster: Cluster, worker: int, batcher: Batcher) -> None:
+        self.cluster = cluster
+        self.env = cluster.env
+        self.id = worker
+        self.batcher = batcher
+        self._idle: simpy.Event | None = None  # set while waiting for work
+        self._in_run = False  # inside a multi-iteration decode stretch
+        self._process = self.env.process(self._loop())
+
+    def wake(self) -> None:
+        """New work for this worker: end an idle wait, or cut a decode stretch short."""
+        if self._idle is not None:
+            self._idle.succeed()
+            self._idle = None
+        elif self._in_run:
+            self._in_run = False
+            self._process.interrupt()
+
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
+        env, batcher, cluster = self.env, self.batcher, self.cluster
+        while True:
+            if not batcher.has_work:
+                self._idle = env.event()
+                yield self._idle
+                continue
+            run = batcher.decode_run_length()
+            start = env.now
+            mb = batcher.next_microbatch(start)
+            step = cluster.cost.seconds(mb)
+            forwards = 1
+            if run > 1:
+                forwards = yield from self._decode_run(start, step, run)
+            else:
+                yield env.timeout(step)
+            cluster.log_iterations(self.id, start, step, mb, forwards)
+            cluster.on_iteration(self.id, batcher.complete(mb, env.now, forwards))
+
+    def _decode_run(self, start: float, step: float, run: int) -> Generator[simpy.Event, Any, int]:
+        """Up to `run` identical decode iterations; fewer if new work arrives meanwhile."""
+        self._in_run = True
+        try:
+            yield self.env.timeout(run * step)
+            self._in_run = False
+            return run
+        except simpy.Interrupt:
+            done = min(run, max(1, math.ceil((self.env.now - start) / step)))
+            yield self.env.timeout(start + done * step - self.env.now)
+            return done
+
+
+class Cluster:
+    """Workers, router and links of one simulated deployment."""
+
+    def __init__(
+        self, config: ClusterConfig, cost: CostModel, router: Router, log: list[tuple] | None
+    ) -> None:
+        self.env = simpy.Environment()
+        self.config = config
+        self.cost = cost
+        self.router = router
+        self.log = log
+        self.workers = [
+            SimWorker(self, w, self._batcher(w, role)) for w, role in enumerate(config.layout.roles)
+        ]
+        self._link_free: dict[tuple[int, int], float] = {}  # when each directed link is next idle
+        self.iterations = 0
+        self._left = 0
+        self._all_done = self.env.event()
+
+    def _batcher(self, worker: int, role: Role) -> Batcher:
+        config = self.config.prefill_batch if role is Role.PREFILL else self.config.batch
+        return Batcher(worker, config, PagePool(self.config.pages), hand_off=role is Role.PREFILL)
+
+    def run(self, requests: Sequence[Request]) -> float:
+        """Simulate until every request has finished; the simulated end time."""
+        self._left = len(requests)
+        if requests:
+            self.env.process(self._arrivals(requests))
+            self.env.run(until=self._all_done)
+        return self.env.now
+
+    def _arrivals(self, requests: Sequence[Request]) -> Generator[simpy.Event, Any, None]:
+        for req in sorted(requests, key=lambda r: (r.arrival, r.id)):
+            if req.arrival > self.env.now:
+                yield self.env.timeout(req.arrival - self.env.now)
+            self._apply(self.router.on_arrival(self.env.now, req))
+
+    def on_iteration(self, worker: int, outcome: Any) -> None:
+        self._left -= sum(req.finished for req in outcome.finished)
+        self._apply(self.router.on_iteration(self.env.now, worker, outcome))
+        if self._left == 0 and not self._all_done.triggered:
+            self._all_done.succeed()
+
+    def log_iterations(self, worker: int, start: float, step: float, mb: Microbatch, forwards: int) -> None:
+        self.iterations += forwards
+        if self.log is None:
+            return
+        self.log.append(iteration_row(worker, start, start + step, mb))
+        if forwards > 1:
+            steady = dataclasses.replace(mb, deficit_before=0, budget=mb.budget - mb.deficit_before)
+            for i in range(1, forwards):
+                self.log.append(iteration_row(worker, start + i * step, start + (i + 1) * step, steady))
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Dispatch):
+                target = self.workers[action.worker]
+                target.batcher.add_prefill(action.req)
+                target.wake()
+            else:
+                self._transfer(action)
+
+    def _transfer(self, action: Transfer) -> None:
+        """Reserve the pages on the destination now; the link carries one transfer at a time."""
+        req, src, dst = action.req, self.workers[action.src], self.workers[action.dst]
+        dst.batcher.pool.allocate(req.id, req.pages)
+        link = (src.id, dst.id)
+        start = max(self.env.now, self._link_free.get(link, 0.0))
+        end = start + self.config.link.seconds(req.seq_len * self.config.kv_bytes_per_token)
+        self._link_free[link] = end
+        req.record.transfer_start = start
+        req.record.transfer_end = end
+        done = self.env.timeout(end - self.env.now)
+        done.callbacks.append(lambda _: self._transfer_done(req, src, dst))
+
+    def _transfer_done(self, req: Request, src: SimWorker, dst: SimWorker) -> None:
+        src.batcher.release(req)
+        dst.batcher.add_decode(req)
+        dst.wake()
+        self._apply(self.router.on_transfer_done(self.env.now, req, src.id))

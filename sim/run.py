@@ -1,0 +1,59 @@
+"""Run one configuration through the simulated cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sangam.workload import TraceRow
+
+from sangam.config import RunConfig, build_requests
+from sangam.cost import CostModel
+from sangam.progress import ProgressModel
+from sangam.request import Request
+from sangam.results import request_row, summarize
+from sangam.router import Router
+from sim.cluster import Cluster, ClusterConfig, LinkSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    config: RunConfig
+    requests: list[Request]
+    summary: dict[str, Any]
+    iterations: list[tuple[Any, ...]] | None  # rows of the iteration log, if asked for
+    num_iterations: int
+    wall_s: float
+
+
+def simulate(
+    cfg: RunConfig,
+    rows: Sequence[TraceRow],
+    cost: CostModel,
+    *,
+    progress: ProgressModel | None = None,
+    link: LinkSpec = LinkSpec(),
+    log_iterations: bool = False,
+) -> SimResult:
+    """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion."""
+    started = time.perf_counter()
+    requests = build_requests(cfg, rows, progress)
+    cluster_config = ClusterConfig(
+        layout=cfg.layout,
+        batch=cfg.batch_config(),
+        prefill_batch=cfg.prefill_batch_config(),
+        theta=cfg.theta,
+        pages=cfg.kv_pages,
+        kv_bytes_per_token=cfg.model_spec.kv_bytes_per_token,
+        link=link,
+    )
+    router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta)
+    log: list[tuple[Any, ...]] | None = [] if log_iterations else None
+    cluster = Cluster(cluster_config, cost, router, log)
+    cluster.run(requests)
+    summary = summarize([request_row(r) for r in requests], cfg.model_spec.kv_bytes_per_token)
+    wall = time.perf_counter() - started
+    summary.update(sim_wall_s=wall, sim_iterations=cluster.iterations, config=cfg.resolved())
+    return SimResult(cfg, requests, summary, log, cluster.iterations, wall)

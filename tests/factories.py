@@ -1,0 +1,33 @@
+"""Factories for CPU tests: requests with exact sequence lengths and planned forwards."""
+
+from __future__ import annotations
+
+from sangam.batcher import BatchConfig, Batcher, Policy
+from sangam.kv import PagePool
+from sangam.request import Request
+
+
+def make_request(rid: int, seq_len: int, *, arrival: float = 0.0, steps: tuple[int, ...] = (32,)) -> Request:
+    """A request whose prefills run over exactly `seq_len` tokens (no mask buffer)."""
+    return Request(rid, arrival, seq_len, 32 * len(steps), 0, steps)
+
+
+def make_batcher(
+    budget: int = 1024,
+    *,
+    pages: int = 100_000,
+    policy: Policy = Policy.DEFICIT,
+    max_decodes: int = 64,
+    hand_off: bool = False,
+) -> Batcher:
+    return Batcher(0, BatchConfig(policy, budget, max_decodes), PagePool(pages), hand_off=hand_off)
+
+
+def seat_decodes(batcher: Batcher, n: int, *, first_id: int = 1000, seq_len: int = 64) -> list[Request]:
+    """Put `n` requests straight into the batcher's decode set (as if prefilled earlier)."""
+    reqs = [make_request(first_id + i, seq_len, arrival=-1.0) for i in range(n)]
+    for req in reqs:
+        batcher.pool.allocate(req.id, req.pages)
+        req.step = 1
+        batcher.add_decode(req)
+    return reqs

@@ -1,0 +1,62 @@
+"""The results format: parts sum to end-to-end latency; summary keys; files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+from factories import make_request
+from test_sim import LinearCost, run_cluster
+
+from sangam.results import METRICS, REQUEST_COLUMNS, percentile, request_row, summarize, write_results
+
+
+@pytest.mark.parametrize("mode", ["2C", "1P1D", "1P1C"])
+def test_parts_sum_to_end_to_end(mode: str) -> None:
+    rng = random.Random(2)
+    reqs = [
+        make_request(
+            i, rng.randint(50, 800), arrival=i * 0.02, steps=tuple(rng.randint(1, 8) for _ in range(3))
+        )
+        for i in range(60)
+    ]
+    run_cluster(reqs, mode, cost=LinearCost(0.01, 1e-5), theta=500)
+    for req in reqs:
+        row = request_row(req)
+        parts = row["prefill_queue"] + row["prefill"] + row["decode_queue"] + row["transfer"] + row["decode"]
+        assert parts == pytest.approx(row["e2el"], abs=1e-9)
+        assert row["queue"] == pytest.approx(row["prefill_queue"] + row["decode_queue"])
+        if mode == "1P1D":  # every block that outlives its prefill moves its KV
+            assert row["kv_transfers"] == sum(d > 1 for d in req.steps)
+        if mode == "2C":
+            assert row["kv_transfers"] == 0 and row["transfer"] == 0
+
+
+def test_summary_has_vllm_style_keys_and_correct_percentiles(tmp_path: Path) -> None:
+    reqs = [make_request(i, 100, arrival=float(i), steps=(2,)) for i in range(5)]
+    run_cluster(reqs, "1C")
+    rows = [request_row(r) for r in reqs]
+    summary = summarize(rows, kv_bytes_per_token=2)
+    for metric in METRICS:
+        for stat in ("mean", "median", "p90", "p99"):
+            assert f"{stat}_{metric}_ms" in summary
+    e2e = sorted(r["e2el"] for r in rows)
+    assert summary["median_e2el_ms"] == pytest.approx(1000 * e2e[2])
+    assert summary["completed"] == 5
+    write_results(tmp_path, reqs, {"config": {"mode": "1C"}, **summary})
+    with (tmp_path / "requests.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == list(REQUEST_COLUMNS) and len(table) == 5
+    with (tmp_path / "blocks.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 5
+    assert json.loads((tmp_path / "summary.json").read_text())["config"]["mode"] == "1C"
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 99) == pytest.approx(3.97)
+    assert percentile([5.0], 99) == 5.0

@@ -1,0 +1,239 @@
+"""The SimPy cluster: exact event timelines, invariants on random traces, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from factories import make_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sangam.batcher import BatchConfig, Batcher, Microbatch
+from sangam.layout import Role, parse_mode
+from sangam.request import Request
+from sangam.results import ITERATION_COLUMNS
+from sangam.router import Router
+from sim.cluster import Cluster, ClusterConfig, LinkSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearCost:
+    """Iteration time = base + per-token cost of every query token."""
+
+    base: float = 1.0
+    per_token: float = 0.0
+
+    def seconds(self, mb: Microbatch) -> float:
+        return self.base + self.per_token * (mb.decode_tokens + mb.prefill_tokens)
+
+
+def run_cluster(
+    requests: list[Request],
+    mode: str = "1C",
+    *,
+    cost: Any = LinearCost(),
+    budget: int = 1024,
+    prefill_budget: int = 2048,
+    pages: int = 10_000,
+    theta: int = 8192,
+    link: LinkSpec = LinkSpec(1e12, 0.5),
+    seed: int = 0,
+) -> Cluster:
+    layout = parse_mode(mode)
+    config = ClusterConfig(
+        layout, BatchConfig(budget=budget), BatchConfig(budget=prefill_budget), theta, pages, 1, link
+    )
+    cluster = Cluster(config, cost, Router(layout, pages, random.Random(seed), theta), [])
+    cluster.run(requests)
+    return cluster
+
+
+def rows(cluster: Cluster) -> list[dict[str, Any]]:
+    assert cluster.log is not None
+    return [dict(zip(ITERATION_COLUMNS, row, strict=True)) for row in cluster.log]
+
+
+def test_colocated_timeline_is_exact() -> None:
+    a = make_request(1, 100, arrival=0.0, steps=(2, 1))
+    b = make_request(2, 100, arrival=0.5, steps=(3,))
+    cluster = run_cluster([a, b])
+    got = [(r["start"], r["end"], r["n_decodes"], r["n_prefills"]) for r in rows(cluster)]
+    assert got == [(0.0, 1.0, 0, 1), (1.0, 2.0, 1, 1), (2.0, 3.0, 1, 1), (3.0, 4.0, 1, 0)]
+    assert [blk.end for blk in a.blocks] == [2.0, 3.0]
+    assert a.blocks[1].ready == 2.0 and a.blocks[1].prefill_start == 2.0
+    assert b.blocks[0].prefill_start == 1.0 and b.blocks[0].decode_start == 2.0 and b.blocks[0].end == 4.0
+
+
+def test_disaggregated_timeline_is_exact() -> None:
+    req = make_request(1, 100, arrival=0.0, steps=(3,))
+    run_cluster([req], "1P1D", link=LinkSpec(1e12, 0.5))
+    rec = req.blocks[0]
+    assert (rec.prefill_worker, rec.prefill_start, rec.prefill_end) == (0, 0.0, 1.0)
+    assert (rec.transfer_start, rec.transfer_end) == (1.0, 1.5)
+    assert (rec.decode_worker, rec.decode_start, rec.end) == (1, 1.5, 3.5)
+
+
+def test_a_link_carries_one_transfer_at_a_time() -> None:
+    a = make_request(1, 100, arrival=0.0, steps=(2,))
+    b = make_request(2, 100, arrival=0.0, steps=(2,))
+    run_cluster([a, b], "1P1D", prefill_budget=4096, link=LinkSpec(1e12, 0.5))
+    assert a.blocks[0].transfer_start == 1.0 and b.blocks[0].transfer_start == 1.5
+
+
+def test_an_arrival_cuts_a_decode_stretch_short_at_the_iteration_boundary() -> None:
+    long = make_request(1, 100, arrival=0.0, steps=(20,))
+    late = make_request(2, 100, arrival=5.3, steps=(1,))
+    cluster = run_cluster([long, late])
+    assert late.blocks[0].prefill_start == 6.0  # the iteration in flight at 5.3 ends at 6.0
+    assert long.blocks[0].end == 20.0
+    assert len(rows(cluster)) == 20
+
+
+def random_requests(draw: Any, n: int, max_seq: int) -> list[Request]:
+    out, t = [], 0.0
+    for i in range(n):
+        t += draw(st.floats(0.0, 0.3))
+        blocks = draw(st.integers(1, 3))
+        steps = tuple(draw(st.lists(st.integers(1, 6), min_size=blocks, max_size=blocks)))
+        out.append(make_request(i, draw(st.integers(16, max_seq)), arrival=t, steps=steps))
+    return out
+
+
+@st.composite
+def scenarios(draw: Any) -> dict[str, Any]:
+    max_seq = 600
+    return {
+        "requests": random_requests(draw, draw(st.integers(1, 25)), max_seq),
+        "mode": draw(st.sampled_from(["1C", "3C", "1P1D", "2P1D", "1P2C", "2P1C"])),
+        "budget": draw(st.integers(32, 1200)),
+        "prefill_budget": draw(st.integers(64, 2048)),
+        "pages": draw(st.integers(max_seq // 16 + 1, 150)),
+        "theta": draw(st.integers(1, 3000)),
+    }
+
+
+def check_causal(req: Request) -> None:
+    prev_end = req.arrival
+    for rec in req.blocks:
+        assert rec.ready == prev_end
+        points = [rec.ready, rec.dispatch, rec.prefill_start, rec.prefill_end]
+        if rec.transfer_start is not None:
+            points += [rec.transfer_start, rec.transfer_end]
+        if rec.decode_start is not None:
+            points.append(rec.decode_start)
+        points.append(rec.end)
+        assert None not in points
+        assert points == sorted(points), points
+        prev_end = rec.end
+
+
+def check_algorithm1(log: list[dict[str, Any]], tau: float) -> None:
+    """Every row obeys Algorithm 1, and the amortised bound holds over every window."""
+    deficit = 0
+    for row in log:
+        assert row["deficit_before"] == deficit
+        assert row["budget"] == tau - row["decode_tokens"] + row["deficit_before"]
+        if row["waiting_prefills"] == 0:
+            assert row["n_prefills"] == 0 and row["deficit_after"] == 0
+        elif row["memory_blocked"]:
+            spent_of_deficit = max(0, row["prefill_tokens"] - (tau - row["decode_tokens"]))
+            assert row["deficit_after"] == max(0, row["deficit_before"] - spent_of_deficit)
+        else:
+            assert row["deficit_after"] == max(row["budget"] - row["prefill_tokens"], 0)
+        idle = row["n_decodes"] == 0 and row["n_prefills"] == 1
+        assert row["n_prefills"] == 0 or row["prefill_tokens"] <= row["budget"] or idle
+        deficit = row["deficit_after"]
+    # windows of iterations in which a prefill waits throughout, idle-rule admissions aside
+    segment: list[dict[str, Any]] = []
+    for row in [*log, None]:
+        breaks = row is None or row["waiting_prefills"] == 0 or row["budget"] < row["prefill_tokens"]
+        if not breaks:
+            segment.append(row)
+            continue
+        for i in range(len(segment)):
+            admitted = decoded = 0
+            for j in range(i, len(segment)):
+                admitted += segment[j]["prefill_tokens"]
+                decoded += segment[j]["decode_tokens"]
+                assert admitted <= (j - i + 1) * tau - decoded + segment[i]["deficit_before"]
+        segment = []
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios())
+def test_random_traces_keep_every_invariant(scenario: dict[str, Any]) -> None:
+    requests = scenario["requests"]
+    cluster = run_cluster(
+        requests,
+        scenario["mode"],
+        cost=LinearCost(0.01, 1e-5),
+        budget=scenario["budget"],
+        prefill_budget=scenario["prefill_budget"],
+        pages=scenario["pages"],
+        theta=scenario["theta"],
+        link=LinkSpec(50.0, 0.001),
+    )
+    assert all(req.finished for req in requests)
+    ends = [rec.end for req in requests for rec in req.blocks]
+    assert len(ends) == sum(req.n_blocks for req in requests) and None not in ends
+    for req in requests:
+        check_causal(req)
+    for worker in cluster.workers:
+        assert worker.batcher.pool.num_used == 0 and not worker.batcher.has_work
+    assert all(free == scenario["pages"] for free in cluster.router.free)
+    assert all(o == 0 for o in cluster.router.outstanding)
+    assert cluster.router.num_pending == 0 and cluster.router.num_decode_ready == 0
+    per_worker: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows(cluster):
+        per_worker[row["worker"]].append(row)
+    roles = cluster.config.layout.roles
+    for w, log in per_worker.items():
+        tau = scenario["prefill_budget"] if roles[w] is Role.PREFILL else scenario["budget"]
+        check_algorithm1(log, tau)
+
+
+def clone(requests: list[Request]) -> list[Request]:
+    return [Request(r.id, r.arrival, r.prompt_len, r.output_len, r.mask_len, r.steps) for r in requests]
+
+
+def timeline(requests: list[Request]) -> list[tuple[Any, ...]]:
+    return [dataclasses.astuple(rec) for req in requests for rec in req.blocks]
+
+
+@pytest.mark.parametrize("mode", ["4C", "2P2D", "2P2C"])
+def test_same_seed_same_result(mode: str) -> None:
+    rng = random.Random(3)
+    base = [
+        make_request(
+            i, rng.randint(100, 2000), arrival=i * 0.05, steps=tuple(rng.randint(1, 12) for _ in range(4))
+        )
+        for i in range(200)
+    ]
+    cost = LinearCost(0.005, 2e-5)
+    first, second = clone(base), clone(base)
+    run_cluster(first, mode, cost=cost, theta=2000, seed=5)
+    run_cluster(second, mode, cost=cost, theta=2000, seed=5)
+    assert timeline(first) == timeline(second)
+
+
+@pytest.mark.parametrize("mode", ["4C", "2P2D", "2P2C"])
+def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(4)
+    base = [
+        make_request(
+            i, rng.randint(100, 2000), arrival=i * 0.07, steps=tuple(rng.randint(1, 20) for _ in range(3))
+        )
+        for i in range(150)
+    ]
+    cost = LinearCost(0.004, 1e-5)
+    stretched = clone(base)
+    run_cluster(stretched, mode, cost=cost, theta=2000)
+    monkeypatch.setattr(Batcher, "decode_run_length", lambda self: 0)
+    stepped = clone(base)
+    run_cluster(stepped, mode, cost=cost, theta=2000)
+    for a, b in zip(timeline(stretched), timeline(stepped), strict=True):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-9)

@@ -96,14 +96,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[str, float]:
+def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[str, Any]:
     """Throughput and mean/median/p90/p99 (ms) of every metric over finished requests."""
     if not rows:
         return {"completed": 0}
     start = min(r["arrival"] for r in rows)
     duration = max(r["end"] for r in rows) - start
     blocks = sum(r["n_blocks"] for r in rows)
-    summary: dict[str, float] = {
+    summary: dict[str, Any] = {
         "completed": len(rows),
         "duration_s": duration,
         "request_throughput": len(rows) / duration if duration > 0 else math.inf,

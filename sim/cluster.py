@@ -17,7 +17,7 @@ from typing import Any
 
 import simpy
 
-from sangam.batcher import BatchConfig, Batcher, Microbatch
+from sangam.batcher import BatchConfig, Batcher, Microbatch, Outcome
 from sangam.cost import CostModel
 from sangam.kv import PagePool
 from sangam.layout import Layout, Role
@@ -89,8 +89,12 @@ class SimWorker:
                 forwards = yield from self._decode_run(start, step, run)
             else:
                 yield env.timeout(step)
-            cluster.log_iterations(self.id, start, step, mb, forwards)
-            cluster.on_iteration(self.id, batcher.complete(mb, env.now, forwards))
+            cluster.iterations += forwards
+            if cluster.log is not None:
+                cluster.log_iterations(self.id, start, step, mb, forwards)
+            outcome = batcher.complete(mb, env.now, forwards)
+            if outcome.prefilled or outcome.finished:
+                cluster.on_iteration(self.id, outcome)
 
     def _decode_run(self, start: float, step: float, run: int) -> Generator[simpy.Event, Any, int]:
         """Up to `run` identical decode iterations; fewer if new work arrives meanwhile."""
@@ -142,16 +146,16 @@ class Cluster:
                 yield self.env.timeout(req.arrival - self.env.now)
             self._apply(self.router.on_arrival(self.env.now, req))
 
-    def on_iteration(self, worker: int, outcome: Any) -> None:
-        self._left -= sum(req.finished for req in outcome.finished)
+    def on_iteration(self, worker: int, outcome: Outcome) -> None:
+        """Tell the router; stop the clock once the last request has finished."""
+        for req in outcome.finished:
+            self._left -= req.finished
         self._apply(self.router.on_iteration(self.env.now, worker, outcome))
         if self._left == 0 and not self._all_done.triggered:
             self._all_done.succeed()
 
     def log_iterations(self, worker: int, start: float, step: float, mb: Microbatch, forwards: int) -> None:
-        self.iterations += forwards
-        if self.log is None:
-            return
+        assert self.log is not None
         self.log.append(iteration_row(worker, start, start + step, mb))
         if forwards > 1:
             steady = dataclasses.replace(mb, deficit_before=0, budget=mb.budget - mb.deficit_before)

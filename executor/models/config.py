@@ -1,0 +1,106 @@
+"""Model configs: one dataclass describes LLaDA-8B, Dream-7B and their tiny test twins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sangam.hardware import MODELS
+
+
+class Family(StrEnum):
+    LLADA = "llada"
+    DREAM = "dream"
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyTraits:
+    """What a family fixes beyond its shapes; config.json may override the token ids."""
+
+    architecture: str  # config.json `architectures[0]`
+    rms_eps: float
+    rope_theta: float
+    mask_id: int
+    eos_ids: tuple[int, ...]
+    logit_shift: int  # 1: the head at position i predicts token i + 1 (Dream, initialised from an AR model)
+
+
+TRAITS: dict[Family, FamilyTraits] = {
+    Family.LLADA: FamilyTraits("LLaDAModelLM", 1e-5, 500_000.0, 126336, (126081, 126348), 0),
+    Family.DREAM: FamilyTraits("DreamModel", 1e-6, 1_000_000.0, 151666, (151643, 151645), 1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape and numerics of one bidirectional pre-norm transformer (RMSNorm, RoPE, SwiGLU, untied head)."""
+
+    family: Family
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool
+    rms_eps: float
+    rope_theta: float
+    mask_id: int
+    eos_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} query heads do not group over {self.kv_heads} KV heads")
+        for name, token in [("mask", self.mask_id), *(("eos", t) for t in self.eos_ids)]:
+            if not 0 <= token < self.vocab:
+                raise ValueError(f"{name} token {token} lies outside the vocabulary of {self.vocab}")
+
+    @property
+    def logit_shift(self) -> int:
+        return TRAITS[self.family].logit_shift
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+def full_size(family: Family) -> ModelConfig:
+    """LLaDA-8B or Dream-7B, shaped by `sangam.hardware.MODELS` so the cost models and the executor agree."""
+    spec = MODELS["llada-8b" if family is Family.LLADA else "dream-7b"]
+    traits = TRAITS[family]
+    return ModelConfig(
+        family=family,
+        layers=spec.layers,
+        hidden=spec.hidden,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        intermediate=spec.intermediate,
+        vocab=spec.vocab,
+        qkv_bias=spec.qkv_bias,
+        rms_eps=traits.rms_eps,
+        rope_theta=traits.rope_theta,
+        mask_id=traits.mask_id,
+        eos_ids=traits.eos_ids,
+    )
+
+
+def tiny(family: Family) -> ModelConfig:
+    """A two-layer twin for CPU tests: LLaDA keeps MHA, Dream keeps GQA and the qkv bias."""
+    traits = TRAITS[family]
+    return ModelConfig(
+        family=family,
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=4 if family is Family.LLADA else 2,
+        head_dim=16,
+        intermediate=128,
+        vocab=300,
+        qkv_bias=family is Family.DREAM,
+        rms_eps=traits.rms_eps,
+        rope_theta=traits.rope_theta,
+        mask_id=299,
+        eos_ids=(298,),
+    )

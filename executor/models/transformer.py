@@ -1,0 +1,85 @@
+"""The bidirectional transformer both families share, over packed (ragged) tokens.
+
+The model never sees a KV cache or a batch layout: each layer hands its post-RoPE q, k, v to a
+`LayerAttention` callable, which decides where K/V live (paged cache, or a dense test reference) and
+how the ragged items attend. So the same module serves mixed prefill/decode microbatches, tests, and
+later CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from executor.models.config import ModelConfig
+from executor.models.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+
+
+class LayerAttention(Protocol):
+    """Non-causal attention for one layer: q (T, heads, d), k and v (T, kv_heads, d) -> (T, heads, d)."""
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.qkv = nn.Linear(config.hidden, config.qkv_width, bias=config.qkv_bias)
+        self.out = nn.Linear(config.heads * config.head_dim, config.hidden, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: LayerAttention) -> Tensor:
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
+        q = apply_rope(q.view(-1, self.heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        return self.out(attend(layer, q, k, v).flatten(1))
+
+
+class Layer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden, config.rms_eps)
+        self.attn = SelfAttention(config)
+        self.mlp_norm = RMSNorm(config.hidden, config.rms_eps)
+        self.mlp = SwiGLU(config.hidden, config.intermediate)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: LayerAttention) -> Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin, layer, attend)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    """LLaDA-8B / Dream-7B body and untied head with fused qkv and gate_up weights."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab, config.hidden)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.layers))
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, tokens: Tensor, positions: Tensor, attend: LayerAttention, head_rows: Tensor) -> Tensor:
+        """Logits (len(head_rows), vocab) at packed rows `head_rows` of `tokens` (T,) at `positions` (T,).
+
+        The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
+        """
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.embed(tokens)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, index, attend)
+        return self.lm_head(self.norm(x[head_rows]))
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype

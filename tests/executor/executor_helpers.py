@@ -1,0 +1,106 @@
+"""Shared helpers for the executor tests: a dense (non-paged) reference forward and checkpoint writers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import Tensor
+
+from executor.models import Family, ModelConfig, Transformer
+from executor.models.checkpoint import checkpoint_names
+from sangam.hardware import BLOCK
+
+
+def dense_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Every token of one sequence attends to every other: the non-paged reference."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+@torch.inference_mode()
+def dense_logits(model: Transformer, tokens: Tensor) -> Tensor:
+    """Logits (S, vocab) at every position of one sequence, no cache involved."""
+    positions = torch.arange(len(tokens))
+    return model(tokens, positions, dense_attention, positions)
+
+
+def dense_block_logits(model: Transformer, tokens: Tensor, block_start: int) -> Tensor:
+    """The logits (32, vocab) that predict the block's tokens, read one row to the left for Dream."""
+    start = block_start - model.config.logit_shift
+    return dense_logits(model, tokens)[start : start + BLOCK]
+
+
+def checkpoint_tensors(model: Transformer) -> dict[str, Tensor]:
+    """The model's weights split back into the family's HF checkpoint names."""
+    config, state = model.config, model.state_dict()
+    q, kv = config.heads * config.head_dim, config.kv_heads * config.head_dim
+    tensors: dict[str, Tensor] = {}
+    for ours, sources in checkpoint_names(config).items():
+        sizes = [q, kv, kv] if ".qkv." in ours else [len(state[ours]) // len(sources)] * len(sources)
+        for name, part in zip(sources, state[ours].split(sizes), strict=True):
+            tensors[name] = part.clone()
+    return tensors
+
+
+def hf_config_json(config: ModelConfig) -> dict[str, object]:
+    """config.json as each family's HF repository writes it (the keys our reader uses)."""
+    if config.family is Family.LLADA:
+        return {
+            "architectures": ["LLaDAModelLM"],
+            "model_type": "llada",
+            "n_layers": config.layers,
+            "d_model": config.hidden,
+            "n_heads": config.heads,
+            "n_kv_heads": config.kv_heads,
+            "mlp_hidden_size": config.intermediate,
+            "mlp_ratio": 4,
+            "vocab_size": config.vocab,
+            "embedding_size": config.vocab,
+            "rms_norm_eps": config.rms_eps,
+            "rope_theta": config.rope_theta,
+            "weight_tying": False,
+            "include_bias": False,
+            "block_type": "llama",
+            "mask_token_id": config.mask_id,
+            "eos_token_id": config.eos_ids[0],
+        }
+    return {
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        "num_hidden_layers": config.layers,
+        "hidden_size": config.hidden,
+        "num_attention_heads": config.heads,
+        "num_key_value_heads": config.kv_heads,
+        "intermediate_size": config.intermediate,
+        "vocab_size": config.vocab,
+        "rms_norm_eps": config.rms_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "mask_token_id": config.mask_id,
+        "eos_token_id": config.eos_ids[0],
+    }
+
+
+def save_checkpoint(model: Transformer, directory: Path, *, shards: int = 1) -> None:
+    """Write config.json and safetensors (one file, or `shards` files with an index) in HF naming."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config_json(model.config)))
+    tensors = checkpoint_tensors(model)
+    if shards == 1:
+        save_file(tensors, directory / "model.safetensors")
+        return
+    names = sorted(tensors)
+    weight_map = {}
+    for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[shard::shards]
+        save_file({name: tensors[name] for name in part}, directory / file)
+        weight_map |= dict.fromkeys(part, file)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))

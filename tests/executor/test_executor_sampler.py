@@ -1,0 +1,136 @@
+"""Confidence-threshold and scheduled unmasking, seeded Gumbel sampling and the EOS rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from executor.sampler import (
+    BlockStep,
+    SamplingParams,
+    before_eos,
+    block_done,
+    commits_eos,
+    ends_generation,
+    propose,
+    unmask_block,
+)
+from sangam.hardware import BLOCK
+
+VOCAB, MASK, EOS = 50, 49, 48
+
+
+def peaked(tokens: list[int], probs: list[float]) -> Tensor:
+    """Logits (32, VOCAB) whose row i puts probability probs[i] on tokens[i], the rest spread evenly."""
+    logits = torch.empty(BLOCK, VOCAB)
+    for i, (token, prob) in enumerate(zip(tokens, probs, strict=True)):
+        rest = (1.0 - prob) / (VOCAB - 1)
+        row = torch.full((VOCAB,), rest)
+        row[token] = prob
+        logits[i] = row.log()
+    return logits
+
+
+def masks() -> Tensor:
+    return torch.full((BLOCK,), MASK)
+
+
+def step(step_index: int = 0, *, forwards: int | None = None, **params: float) -> BlockStep:
+    return BlockStep(SamplingParams(**params), block=0, step=step_index, forwards=forwards)  # type: ignore[arg-type]
+
+
+def test_commits_every_position_at_or_above_the_threshold() -> None:
+    probs = [0.5] * BLOCK
+    probs[3], probs[17], probs[30] = 0.95, 0.9, 0.89
+    out = unmask_block(masks(), peaked(list(range(BLOCK)), probs), step(), MASK)
+    assert (out != MASK).nonzero().flatten().tolist() == [3, 17]
+    assert out[3] == 3 and out[17] == 17
+
+
+def test_commits_the_most_confident_when_none_reaches_the_threshold() -> None:
+    probs = [0.1] * BLOCK
+    probs[11] = 0.4
+    out = unmask_block(masks(), peaked([5] * BLOCK, probs), step(), MASK)
+    assert (out != MASK).nonzero().flatten().tolist() == [11]
+    assert out[11] == 5
+
+
+def test_only_masked_positions_change() -> None:
+    block = masks()
+    block[:10] = 7
+    probs = [0.99] * BLOCK
+    probs[20] = 0.3
+    out = unmask_block(block, peaked([2] * BLOCK, probs), step(), MASK)
+    assert (out[:10] == 7).all()
+    assert (out[10:] == 2).sum() == BLOCK - 11 and out[20] == MASK
+
+
+def test_argmax_proposals_and_the_mask_id_is_never_proposed() -> None:
+    logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(0))
+    logits[:, MASK] = 100.0
+    proposal, confidence = propose(logits, MASK, 0.0, None)
+    without_mask = logits.clone()
+    without_mask[:, MASK] = -torch.inf
+    assert torch.equal(proposal, without_mask.argmax(-1))
+    assert (confidence < 1e-30).all()  # confidence is the raw softmax, where the mask took all the mass
+
+
+def test_gumbel_sampling_is_reproducible_per_seed_block_and_step() -> None:
+    flat = torch.zeros(BLOCK, VOCAB)
+    hot = step(2, temperature=1.0, seed=42)
+    first = unmask_block(masks(), flat, hot, MASK)
+    assert torch.equal(first, unmask_block(masks(), flat, hot, MASK))
+    other = unmask_block(masks(), flat, step(3, temperature=1.0, seed=42), MASK)
+    proposal = lambda s: propose(flat, MASK, 1.0, torch.Generator().manual_seed(s))[0]  # noqa: E731
+    assert not torch.equal(proposal(1), proposal(2))
+    assert first.ne(MASK).sum() == 1 and other.ne(MASK).sum() == 1
+
+
+def test_gumbel_at_low_temperature_is_argmax() -> None:
+    logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(1)) * 5
+    cold, _ = propose(logits, MASK, 1e-4, torch.Generator().manual_seed(0))
+    greedy, _ = propose(logits, MASK, 0.0, None)
+    assert torch.equal(cold, greedy)
+
+
+def test_eos_ends_generation_once_its_block_is_done() -> None:
+    block = torch.arange(BLOCK)
+    assert block_done(block, MASK) and not commits_eos(block, [EOS])
+    block[5] = EOS
+    assert ends_generation(block, MASK, [EOS])
+    block[9] = MASK
+    assert commits_eos(block, [EOS]) and not ends_generation(block, MASK, [EOS])
+    assert before_eos(torch.tensor([4, 5, EOS, 6, EOS]), [EOS]).tolist() == [4, 5]
+    assert before_eos(torch.tensor([4, 5]), [EOS]).tolist() == [4, 5]
+
+
+def run_block(forwards: int | None, seed: int) -> int:
+    """Forwards a block takes on random logits (never confident), each step seeing fresh logits."""
+    block, generator, taken = masks(), torch.Generator().manual_seed(seed), 0
+    while not block_done(block, MASK):
+        logits = torch.randn(BLOCK, VOCAB, generator=generator)
+        block = unmask_block(block, logits, step(taken, forwards=forwards), MASK)
+        taken += 1
+    return taken
+
+
+@pytest.mark.parametrize("forwards", [1, 2, 3, 4, 7, 10, 16, 25, 31, 32])
+def test_schedule_finishes_in_exactly_d_forwards(forwards: int) -> None:
+    assert run_block(forwards, seed=forwards) == forwards
+
+
+def test_random_logits_under_the_threshold_take_32_forwards() -> None:
+    assert run_block(None, seed=0) == BLOCK
+
+
+def test_schedule_commits_the_most_confident() -> None:
+    probs = [0.2] * BLOCK
+    probs[4], probs[8] = 0.5, 0.6
+    out = unmask_block(masks(), peaked([1] * BLOCK, probs), step(0, forwards=16), MASK)
+    assert (out != MASK).nonzero().flatten().tolist() == [4, 8]
+
+
+def test_schedule_rejects_steps_past_its_end() -> None:
+    with pytest.raises(ValueError):
+        unmask_block(masks(), torch.zeros(BLOCK, VOCAB), step(4, forwards=4), MASK)

@@ -1,0 +1,105 @@
+"""`sangam sim` and `sangam trace` end to end, including bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sangam.cli import main
+from sangam.results import ITERATION_COLUMNS
+
+
+def test_sim_prints_a_table_and_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, log = tmp_path / "run", tmp_path / "iters.csv"
+    args = ["sim", "--mode", "3P5C", "--qps", "7.5", "--num-requests", "150", "--out", str(out)]
+    assert main([*args, "--iteration-log", str(log)]) == 0
+    printed = capsys.readouterr().out
+    assert "3P5C" in printed and "p99 e2e s" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 150 and summary["config"]["layout"] == "3P5C"
+    assert summary["mean_e2el_ms"] > 0
+    with log.open() as f:
+        reader = csv.reader(f)
+        assert tuple(next(reader)) == ITERATION_COLUMNS
+        assert sum(1 for _ in reader) == summary["sim_iterations"]
+
+
+def test_sim_sweeps_several_rates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sim", "--mode", "2C", "--qps", "1,2", "3", "--num-requests", "40", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qps-1", "qps-2", "qps-3"]
+    assert capsys.readouterr().out.count("\n") > 5
+
+
+def test_sim_replays_a_trace_file(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n")
+    out = tmp_path / "out"
+    assert main(["sim", "--mode", "1P1D", "--trace", str(trace), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 2
+
+
+def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    assert main(["trace", "--dataset", "arxiv", "-n", "300", "-o", str(path)]) == 0
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["arrival_time", "prompt_len", "output_len"] and len(rows) == 300
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mode", "5X3"], "bad mode"),
+        (["--mode", "0P3C"], "bad mode"),
+        (["--qps", "0"], "positive"),
+        (["--qps", "-2"], "positive"),
+        (["--qps", "fast"], "positive"),
+        (["--budget", "1.5"], "positive integer"),
+        (["--budget", "0"], "positive integer"),
+        (["--model", "gpt-9"], "unknown model"),
+        (["--gpu", "tpu"], "unknown GPU"),
+        (["--policy", "lifo"], "invalid choice"),
+        (["--progress", "fixed:99"], "progress"),
+        (["--trace", "missing.csv"], "missing.csv"),
+        (["--pages", "10"], "KV pages"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "--num-requests", "20", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text("prompt_len,output_len\n100,64\nabc,32\n")
+    assert main(["sim", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "line 3" in err and err.count("\n") == 1
+
+
+def test_prompt_too_long_for_the_kv_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "long.csv"
+    trace.write_text("prompt_len,output_len\n100,64\n3000,64\n")
+    assert main(["sim", "--trace", str(trace), "--pages", "100"]) == 2
+    assert "request 1" in capsys.readouterr().err
+
+
+def test_the_installed_command_reports_bad_input_without_a_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sangam.cli", "sim", "--mode", "nonsense"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("sangam: error: bad mode") and "Traceback" not in done.stderr

@@ -13,7 +13,7 @@ from sangam.hardware import ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request
-from sangam.workload import MASK_LEN, TraceRow, gamma_arrivals, poisson_arrivals, sample_lengths
+from sangam.workload import MASK_LEN, TraceRow, sample_lengths, with_arrivals
 
 DATASETS = tuple(MASK_LEN)
 
@@ -97,25 +97,15 @@ class RunConfig:
 
 
 def synthetic_rows(cfg: RunConfig) -> list[TraceRow]:
-    lengths = sample_lengths(cfg.trace, cfg.num_requests, cfg.rng("lengths"))
-    times = arrivals(cfg, len(lengths))
-    return [TraceRow(p, o, t) for (p, o), t in zip(lengths, times, strict=True)]
-
-
-def arrivals(cfg: RunConfig, n: int) -> list[float]:
-    rng = cfg.rng("arrivals")
-    if cfg.arrival_cv is None:
-        return poisson_arrivals(n, cfg.qps, rng)
-    return gamma_arrivals(n, cfg.qps, cfg.arrival_cv, rng)
+    """The configured synthetic trace; lengths and arrival gaps come from separate streams,
+    so that the same seed gives the same requests at every rate."""
+    rows = [TraceRow(p, o) for p, o in sample_lengths(cfg.trace, cfg.num_requests, cfg.rng("lengths"))]
+    return with_arrival_times(cfg, rows)
 
 
 def with_arrival_times(cfg: RunConfig, rows: Sequence[TraceRow]) -> list[TraceRow]:
-    """Rows of a trace file; those without an arrival time get the configured process."""
-    times = arrivals(cfg, len(rows))
-    return [
-        r if r.arrival_time is not None else dataclasses.replace(r, arrival_time=t)
-        for r, t in zip(rows, times, strict=True)
-    ]
+    """Rows with every missing arrival time drawn from the configured arrival process."""
+    return with_arrivals(rows, cfg.qps, cfg.rng("arrivals"), cfg.arrival_cv)
 
 
 def build_requests(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,4 +36,5 @@ def print_sim_table(summaries: Sequence[dict[str, Any]], title: str = "sangam si
         table.add_column(name, justify="right")
     for summary in summaries:
         table.add_row(*(cell(summary) for _, cell in COLUMNS))
-    Console().print(table)
+    # Rich wraps at 80 columns when output is not a terminal; keep logs and pipes readable.
+    Console(width=None if sys.stdout.isatty() else 140).print(table)

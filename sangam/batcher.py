@@ -100,6 +100,7 @@ class Batcher:
         self.deficit = 0
         self._waiting: list[tuple[float, int, Request]] = []
         self._ready: deque[Request] = deque()  # prefilled, holding pages, waiting for a decode seat
+        self._run_head: tuple[int, bool] | None = None  # head prefill (length, lacks pages) of a run
 
     @property
     def num_waiting(self) -> int:
@@ -136,11 +137,8 @@ class Batcher:
         return self._admit(now)
 
     def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
-        """Apply `forwards` identical iterations of `mb`, the last ending at `now`.
-
-        Several forwards are allowed only for a decode-only microbatch in which no block
-        ends before the last of them (see `decode_run_length`).
-        """
+        """Apply `forwards` iterations of `mb` (more than one only within `run_length(mb)`),
+        the last ending at `now`."""
         handoffs: list[Request] = []
         finished: list[Request] = []
         for req in mb.prefills:
@@ -153,8 +151,10 @@ class Batcher:
             else:
                 req.record.decode_worker = self.worker
                 self._ready.append(req)
+        if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
+            self.deficit = self.repeated(mb, forwards)[-1].deficit_after
         ended = []
-        for req in mb.decodes:
+        for req in mb.decodes:  # hot path: inlined rather than a method call per decode
             req.step += forwards
             if req.step >= req.steps[req.block]:
                 ended.append(req)
@@ -165,11 +165,42 @@ class Batcher:
                 self._end_block(req, now, finished)
         return Outcome(mb.prefills, tuple(handoffs), tuple(finished))
 
-    def decode_run_length(self) -> int:
-        """Identical decode-only iterations ahead if nothing new arrives; 0 if prefills wait."""
-        if self._waiting or self._ready or not self.decodes:
-            return 0
-        return min(r.remaining_steps for r in self.decodes)
+    def run_length(self, mb: Microbatch) -> int:
+        """Iterations, `mb` first, that run the same decodes if no new work arrives.
+
+        A decode-only microbatch stays unchanged until one of its blocks ends or the head
+        prefill fits the growing budget; only the budget arithmetic moves on. A driver may
+        run such a stretch as one step and cut it short when work arrives.
+        """
+        self._run_head = None
+        if mb.prefills or not mb.decodes:
+            return 1
+        bound = min(r.steps[r.block] - r.step for r in mb.decodes)
+        if not self._waiting or self.config.policy is Policy.FASTDLLM:
+            return bound  # nothing can be admitted while these decodes run
+        head = self._waiting[0][2]
+        self._run_head = (head.seq_len, not self.pool.can_allocate(head.pages))
+        fresh = self.config.tau - mb.decode_tokens
+        if self._run_head[1] or fresh <= 0:
+            return bound  # pages free only when a block ends; or the budget never grows
+        # budget of repeat i is deficit_after + i * fresh; the head gets in at the first >= S
+        return min(bound, -(-(head.seq_len - mb.deficit_after) // int(fresh)))
+
+    def repeated(self, mb: Microbatch, forwards: int) -> list[Microbatch]:
+        """`mb` and the `forwards - 1` iterations that repeat it (see `run_length`)."""
+        out = [mb]
+        fresh = self.config.tau - mb.decode_tokens
+        for _ in range(forwards - 1):
+            before = out[-1].deficit_after
+            budget = fresh + before
+            if self._run_head is None:
+                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, 0))
+            elif self._run_head[1] and budget >= self._run_head[0]:  # fits the budget, not the pages
+                after = int(max(0, before - max(0, -fresh)))
+                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, after, True))
+            else:
+                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, int(max(budget, 0))))
+        return out
 
     def _seat_ready(self, now: float) -> None:
         cap = 1 if self.config.policy is Policy.FASTDLLM else self.config.max_decodes

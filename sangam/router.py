@@ -91,6 +91,8 @@ class Router:
 
     def _drain(self, now: float) -> list[Action]:
         """Completed prefills first, then new prefills; each queue strictly head-of-line."""
+        if not self._decode_ready and not self._pending:
+            return []
         actions: list[Action] = []
         while self._decode_ready:
             _, _, req, src = self._decode_ready[0]

@@ -2,14 +2,14 @@
 
 Workers form microbatches with `sangam.batcher.Batcher`, spend the cost model's time,
 apply the outcome and tell `sangam.router.Router`, whose actions the cluster carries out.
-Decode-only stretches run as one timeout of k identical iterations (exact: nothing in the
-microbatch changes until a block ends); a dispatch or an arriving decode cuts the stretch
-short at the end of the iteration in flight.
+A decode-only microbatch that would repeat unchanged (until a block ends or the head
+prefill fits the growing budget: `Batcher.run_length`) runs as one timeout; a dispatch or an
+arriving decode cuts that stretch short at the end of the iteration in flight, so the
+result is the same as stepping every iteration.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -80,24 +80,23 @@ class SimWorker:
                 self._idle = env.event()
                 yield self._idle
                 continue
-            run = batcher.decode_run_length()
             start = env.now
             mb = batcher.next_microbatch(start)
             step = cluster.cost.seconds(mb)
-            forwards = 1
+            run = batcher.run_length(mb)
             if run > 1:
-                forwards = yield from self._decode_run(start, step, run)
+                run = yield from self._stretch(start, step, run)
             else:
                 yield env.timeout(step)
-            cluster.iterations += forwards
+            cluster.iterations += run
             if cluster.log is not None:
-                cluster.log_iterations(self.id, start, step, mb, forwards)
-            outcome = batcher.complete(mb, env.now, forwards)
+                cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))
+            outcome = batcher.complete(mb, env.now, run)
             if outcome.prefilled or outcome.finished:
                 cluster.on_iteration(self.id, outcome)
 
-    def _decode_run(self, start: float, step: float, run: int) -> Generator[simpy.Event, Any, int]:
-        """Up to `run` identical decode iterations; fewer if new work arrives meanwhile."""
+    def _stretch(self, start: float, step: float, run: int) -> Generator[simpy.Event, Any, int]:
+        """Up to `run` iterations of one microbatch; fewer if new work arrives meanwhile."""
         self._in_run = True
         try:
             yield self.env.timeout(run * step)
@@ -154,13 +153,10 @@ class Cluster:
         if self._left == 0 and not self._all_done.triggered:
             self._all_done.succeed()
 
-    def log_iterations(self, worker: int, start: float, step: float, mb: Microbatch, forwards: int) -> None:
+    def log_iterations(self, worker: int, start: float, step: float, iterations: list[Microbatch]) -> None:
         assert self.log is not None
-        self.log.append(iteration_row(worker, start, start + step, mb))
-        if forwards > 1:
-            steady = dataclasses.replace(mb, deficit_before=0, budget=mb.budget - mb.deficit_before)
-            for i in range(1, forwards):
-                self.log.append(iteration_row(worker, start + i * step, start + (i + 1) * step, steady))
+        for i, mb in enumerate(iterations):
+            self.log.append(iteration_row(worker, start + i * step, start + (i + 1) * step, mb))
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:

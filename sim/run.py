@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sangam.workload import TraceRow
-
 from sangam.config import RunConfig, build_requests
 from sangam.cost import CostModel
 from sangam.progress import ProgressModel
 from sangam.request import Request
 from sangam.results import request_row, summarize
 from sangam.router import Router
+from sangam.workload import TraceRow
 from sim.cluster import Cluster, ClusterConfig, LinkSpec
 
 

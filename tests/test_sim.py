@@ -232,7 +232,7 @@ def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: p
     cost = LinearCost(0.004, 1e-5)
     stretched = clone(base)
     run_cluster(stretched, mode, cost=cost, theta=2000)
-    monkeypatch.setattr(Batcher, "decode_run_length", lambda self: 0)
+    monkeypatch.setattr(Batcher, "run_length", lambda self, mb: 1)
     stepped = clone(base)
     run_cluster(stepped, mode, cost=cost, theta=2000)
     for a, b in zip(timeline(stretched), timeline(stepped), strict=True):

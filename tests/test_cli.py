@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from test_sim import check_algorithm1
+
 from sangam.cli import main
 from sangam.results import ITERATION_COLUMNS
 
@@ -26,7 +28,14 @@ def test_sim_prints_a_table_and_writes_results(tmp_path: Path, capsys: pytest.Ca
     with log.open() as f:
         reader = csv.reader(f)
         assert tuple(next(reader)) == ITERATION_COLUMNS
-        assert sum(1 for _ in reader) == summary["sim_iterations"]
+        rows = [dict(zip(ITERATION_COLUMNS, map(float, row), strict=True)) for row in reader]
+    assert len(rows) == summary["sim_iterations"]
+    by_worker: dict[int, list[dict[str, float]]] = {}
+    for row in rows:
+        by_worker.setdefault(int(row["worker"]), []).append(row)
+    assert sorted(by_worker) == list(range(8))
+    for worker, worker_rows in by_worker.items():  # 3 prefill workers (tau 2048), 5 colocated (1024)
+        check_algorithm1(worker_rows, 2048 if worker < 3 else 1024)
 
 
 def test_sim_sweeps_several_rates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

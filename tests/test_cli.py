@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_sim import check_algorithm1
 
 from sangam.cli import main

@@ -26,11 +26,13 @@ def main() -> None:
     print(f"{'trace':>9} {'lengths':>7} {'stat':>6} {'ours':>8} {'paper':>6} {'error':>7}")
     for dataset, targets in TABLE_1.items():
         pairs = sample_lengths(dataset, args.n, random.Random(args.seed))
-        for label, values, target in zip(("prompt", "output"), zip(*pairs, strict=True), targets, strict=True):
+        columns = zip(*pairs, strict=True)
+        for label, values, target in zip(("prompt", "output"), columns, targets, strict=True):
             ordered = sorted(values)
             ours = (percentile(ordered, 50), percentile(ordered, 99), statistics.pstdev(ordered))
             for stat, got, want in zip(("median", "p99", "std"), ours, target, strict=True):
-                print(f"{dataset:>9} {label:>7} {stat:>6} {got:>8.1f} {want:>6} {100 * (got - want) / want:>+6.2f}%")
+                error = 100 * (got - want) / want
+                print(f"{dataset:>9} {label:>7} {stat:>6} {got:>8.1f} {want:>6} {error:>+6.2f}%")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The iteration-time model fitted to measurements of our own worker.
+
+    seconds = overhead + graph * graph_saving + per_item * items
+              + per_token * max(tokens, knee)    # linear layers: compute, or the weight-read floor
+              + per_square * sum(S^2)             # non-causal prefill attention
+              + per_context * sum(C)              # decode attention reading the cached K and V
+
+`tokens` counts every query token (S per prefill, 32 per decode, graph padding included).
+The weight-read floor (`per_token * knee`) and the KV reads are bandwidth-bound; the rest is
+compute or host time. A derived profile for another GPU scales only the bandwidth-bound terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sangam.batcher import Microbatch
+from sangam.hardware import BLOCK
+from profiles.shapes import Shape
+
+TERMS = ("overhead", "graph", "per_item", "per_token", "per_square", "per_context")
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    overhead: float
+    graph: float  # added to CUDA-graph (decode-only) iterations; negative: what a graph saves
+    per_item: float
+    per_token: float
+    per_square: float
+    per_context: float
+    knee: float  # tokens below which the weight reads, not the matmuls, set the linear time
+
+    def derived(self, bandwidth_ratio: float) -> Coefficients:
+        """The same model on a GPU with `bandwidth_ratio` times less memory bandwidth."""
+        return replace(self, knee=self.knee * bandwidth_ratio, per_context=self.per_context * bandwidth_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    graph: float
+    items: float
+    tokens: float
+    squares: float
+    context: float
+
+    @staticmethod
+    def of(shape: Shape, graphs: bool) -> Features:
+        bucket = shape.graph_bucket if graphs else 0
+        queries = BLOCK * (bucket or len(shape.decodes))
+        return Features(
+            graph=1.0 if bucket else 0.0,
+            items=float(len(shape.prefills) + len(shape.decodes)),
+            tokens=float(sum(shape.prefills) + queries),
+            squares=float(sum(s * s for s in shape.prefills)),
+            context=float(sum(shape.decodes)),
+        )
+
+    def row(self, knee: float) -> tuple[float, ...]:
+        """The regressors, in TERMS order, for a given knee."""
+        return (1.0, self.graph, self.items, max(self.tokens, knee), self.squares, self.context)
+
+
+def predict(c: Coefficients, f: Features) -> float:
+    return (
+        c.overhead
+        + c.graph * f.graph
+        + c.per_item * f.items
+        + c.per_token * max(f.tokens, c.knee)
+        + c.per_square * f.squares
+        + c.per_context * f.context
+    )
+
+
+class MeasuredCostModel:
+    """`CostModel` from fitted coefficients; `graphs` says whether decode-only batches replay graphs."""
+
+    def __init__(self, coefficients: Coefficients, graphs: bool = True) -> None:
+        self.coefficients = coefficients
+        self.graphs = graphs
+
+    def seconds(self, mb: Microbatch) -> float:
+        if mb.empty:
+            return self.coefficients.overhead
+        return predict(self.coefficients, Features.of(Shape.of(mb), self.graphs))

@@ -1,0 +1,92 @@
+"""Profile data on disk and the cost model `sangam sim` uses by default.
+
+`profiles/data/<gpu>/<model>.csv` holds measured iterations (`items`, `seconds`, ...);
+`<model>.meta.json` what they were measured on (GPU, versions, grid, KV pages of the live worker,
+whether decode-only batches replay CUDA graphs); `<model>.fit.json` the fitted coefficients and
+their held-out error, cached by the hash of the CSV. A GPU without data of its own takes a profile
+derived from one that has it, marked `derived` (H100 from H200: bandwidth-bound terms scaled).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from profiles.measured import Coefficients, Features, MeasuredCostModel
+from profiles.shapes import Shape
+from sangam.hardware import lookup_gpu, lookup_model
+
+DATA = Path(__file__).parent / "data"
+DERIVED_FROM = {"h100": "h200"}  # GPU without measurements -> the GPU its profile is derived from
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A fitted iteration-time model and where it comes from."""
+
+    model: str
+    gpu: str
+    coefficients: Coefficients
+    meta: dict[str, Any]
+    report: dict[str, Any]
+    derived_from: str | None = None
+
+    def cost_model(self) -> MeasuredCostModel:
+        return MeasuredCostModel(self.coefficients, graphs=bool(self.meta.get("cuda_graphs", True)))
+
+    @property
+    def kv_pages(self) -> int | None:
+        pages = self.meta.get("kv_pages")
+        return int(pages) if pages is not None else None
+
+
+def paths(model: str, gpu: str, root: Path = DATA) -> tuple[Path, Path, Path]:
+    base = root / gpu / model
+    return base.with_suffix(".csv"), base.with_suffix(".meta.json"), base.with_suffix(".fit.json")
+
+
+def read_samples(path: Path) -> list[tuple[Shape, float]]:
+    """(shape, seconds) of every measured iteration in a profile CSV or a live iteration log."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        column = "seconds" if "seconds" in (reader.fieldnames or []) else "gpu_s"
+        return [(Shape.parse(row["items"]), float(row[column])) for row in reader if row["items"]]
+
+
+def load_profile(model: str, gpu: str, root: Path = DATA) -> Profile | None:
+    """The measured (or derived) profile of `model` on `gpu`, fitting it if the cache is stale."""
+    lookup_model(model)
+    lookup_gpu(gpu)
+    data, meta_path, _ = paths(model, gpu, root)
+    if data.exists():
+        meta = json.loads(meta_path.read_text())
+        coefficients, report = _fitted(model, gpu, meta, root)
+        return Profile(model, gpu, coefficients, meta, report)
+    source = DERIVED_FROM.get(gpu)
+    base = load_profile(model, source, root) if source else None
+    if base is None or source is None:
+        return None
+    ratio = lookup_gpu(source).tb_per_s / lookup_gpu(gpu).tb_per_s
+    meta = {**base.meta, "gpu": gpu, "derived": True, "bandwidth_ratio": ratio}
+    meta.pop("kv_pages", None)  # memory differs: pages come from the GPU's memory, not the source's
+    return Profile(model, gpu, base.coefficients.derived(ratio), meta, base.report, derived_from=source)
+
+
+def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coefficients, dict[str, Any]]:
+    from profiles.fit import Sample, fit  # numpy: only needed when the cache is stale
+
+    data, _, cache = paths(model, gpu, root)
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("data_sha256") == digest:
+            return Coefficients(**cached["coefficients"]), cached
+    graphs = bool(meta.get("cuda_graphs", True))
+    samples = [Sample(Features.of(shape, graphs), seconds) for shape, seconds in read_samples(data)]
+    report = {**fit(samples).as_dict(), "data_sha256": digest}
+    cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return Coefficients(**report["coefficients"]), report

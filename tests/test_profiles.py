@@ -1,0 +1,105 @@
+"""Measured profiles: shapes, the fitted model, derived GPUs, the on-disk store."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from profiles.fit import Sample, fit
+from profiles.measured import Coefficients, Features, predict
+from profiles.shapes import Shape
+from profiles.store import load_profile, paths
+
+TRUE = Coefficients(
+    overhead=2e-3, graph=-1e-3, per_item=4e-5, per_token=2e-5, per_square=1e-9, per_context=1.7e-7, knee=256.0
+)
+
+
+def grid(rng: random.Random) -> list[Shape]:
+    shapes = [Shape((s,), ()) for s in (256, 512, 1024, 2048, 4096, 8192)]
+    shapes += [Shape((s, s // 3), ()) for s in (512, 1536, 3000)]
+    shapes += [Shape((), (c,) * b) for b in (1, 2, 3, 4, 8, 16, 24, 32, 64) for c in (256, 1024, 1819, 4096)]
+    shapes += [Shape((), tuple(rng.choice([300, 5000]) for _ in range(b))) for b in (4, 16, 48)]
+    shapes += [Shape((s,), (1819,) * b) for s in (1024, 4096) for b in (1, 8, 32)]
+    return shapes
+
+
+def samples(noise: float, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for shape in grid(rng):
+        f = Features.of(shape, graphs=True)
+        out.append(Sample(f, predict(TRUE, f) * rng.gauss(1.0, noise)))
+    return out
+
+
+def test_shape_items_round_trip() -> None:
+    shape = Shape((1819, 900), (1819, 2000))
+    assert Shape.parse(shape.format()) == shape
+    assert shape.format() == "p:1819:1819;p:900:900;d:32:1819;d:32:2000"
+    assert Shape((), (5,) * 3).graph_bucket == 4 and Shape((1,), (5,)).graph_bucket == 0
+    with pytest.raises(ValueError, match="bad iteration item"):
+        Shape.parse("x:1:1")
+
+
+def test_features_count_graph_padding() -> None:
+    f = Features.of(Shape((), (1000,) * 3), graphs=True)
+    assert f.tokens == 4 * 32 and f.graph == 1.0 and f.context == 3000
+    assert Features.of(Shape((), (1000,) * 3), graphs=False).tokens == 3 * 32
+
+
+def test_fit_recovers_the_generating_model() -> None:
+    report = fit(samples(noise=0.0))
+    assert report.heldout_mape < 0.5 and report.coefficients.knee == pytest.approx(TRUE.knee, rel=0.2)
+    noisy = fit(samples(noise=0.02))
+    assert noisy.heldout_mape < 4.0
+
+
+def test_fit_needs_enough_points() -> None:
+    with pytest.raises(ValueError, match="at least"):
+        fit(samples(0.0)[:20])
+
+
+def test_derived_profile_scales_only_bandwidth_terms() -> None:
+    slower = TRUE.derived(4.8 / 3.35)
+    assert slower.per_token == TRUE.per_token and slower.per_square == TRUE.per_square
+    assert slower.per_context == pytest.approx(TRUE.per_context * 4.8 / 3.35)
+    decode = Features.of(Shape((), (1819,)), graphs=True)
+    prefill = Features.of(Shape((8192,), ()), graphs=True)
+    assert predict(slower, decode) > 1.2 * predict(TRUE, decode)
+    assert predict(slower, prefill) == pytest.approx(predict(TRUE, prefill), rel=0.01)
+
+
+def write_profile(root: Path, model: str, gpu: str) -> None:
+    data, meta, _ = paths(model, gpu, root)
+    data.parent.mkdir(parents=True)
+    with data.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["items", "seconds"])
+        for s in samples(noise=0.01):
+            writer.writerow([shape_of(s).format(), s.seconds])
+    meta.write_text(json.dumps({"gpu": gpu, "model": model, "cuda_graphs": True, "kv_pages": 1234}))
+
+
+def shape_of(sample: Sample) -> Shape:
+    for shape in grid(random.Random(0)):
+        if Features.of(shape, graphs=True) == sample.features:
+            return shape
+    raise AssertionError("sample not on the grid")
+
+
+def test_store_fits_once_and_derives_h100(tmp_path: Path) -> None:
+    write_profile(tmp_path, "llada-8b", "h200")
+    measured = load_profile("llada-8b", "h200", tmp_path)
+    assert measured is not None and measured.kv_pages == 1234 and measured.derived_from is None
+    cache = paths("llada-8b", "h200", tmp_path)[2]
+    assert json.loads(cache.read_text())["heldout_mape"] < 5
+    assert load_profile("llada-8b", "h200", tmp_path) == measured  # from the cache
+    derived = load_profile("llada-8b", "h100", tmp_path)
+    assert derived is not None and derived.derived_from == "h200" and derived.meta["derived"]
+    assert derived.kv_pages is None
+    assert load_profile("dream-7b", "h100", tmp_path) is None

@@ -12,6 +12,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class FitReport:
     heldout_max: float
     cv_mape: float  # K-fold, on the chosen knee
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["coefficients"] = asdict(self.coefficients)
         return out

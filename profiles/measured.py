@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from profiles.shapes import Shape
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
-from profiles.shapes import Shape
 
 TERMS = ("overhead", "graph", "per_item", "per_token", "per_square", "per_context")
 

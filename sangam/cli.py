@@ -1,4 +1,4 @@
-"""`sangam` command line: `sim` and `trace`. Drivers are imported lazily."""
+"""`sangam` command line: `sim`, `live` and `trace`. Drivers are imported lazily."""
 
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")
     sim.add_argument("--iteration-log", type=Path, help="write one CSV row per worker iteration")
 
+    live = commands.add_parser("live", help="serve live: a scheduler process and one worker process per GPU")
+    from executor.live import add_live_arguments
+
+    add_live_arguments(live)
+
     trace = commands.add_parser("trace", help="write a synthetic trace file")
     trace.add_argument("--dataset", choices=["sharegpt", "arxiv"], default="sharegpt")
     trace.add_argument("-n", "--num-requests", type=positive_int, default=20000)
@@ -95,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "sim":
             return run_sim(args)
+        if args.command == "live":
+            from executor.live import run_live
+
+            return run_live(args)
         return run_trace(args)
     except (UsageError, ValueError, OSError) as err:
         print(f"sangam: error: {err}", file=sys.stderr)

@@ -120,6 +120,11 @@ def build_requests(
         assert row.arrival_time is not None
         n_blocks = -(-row.output_len // 32)
         steps = row.steps if row.steps is not None else progress.plan(n_blocks, rng)
+        if row.output_len > cfg.mask_tokens:
+            raise ValueError(
+                f"request {i}: {row.output_len} output tokens do not fit the {cfg.mask_tokens}-token mask"
+                " buffer (raise --mask-len)"
+            )
         req = Request(i, row.arrival_time, row.prompt_len, row.output_len, cfg.mask_tokens, steps)
         if req.pages > pages:
             raise ValueError(

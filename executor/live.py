@@ -1,0 +1,804 @@
+"""`sangam live`: start the scheduler and the workers as processes, replay a workload, write results.
+
+The workload comes from the same generators and trace readers as `sangam sim`, so a live run and a sim run
+of one seed see the same lengths, arrival times and (with `--unmask schedule`) the same forwards per
+block. Results go through `sangam.results`, the one format both write, and the same table is printed.
+
+This module imports only the standard library and `sangam` at import time (the CLI builds its parser
+from `add_live_arguments` without loading torch or grpc); the launcher and the client load lazily.
+
+Processes: `python -m executor.scheduler` first, then one `python -m executor.worker` per GPU (or per
+`--workers` on CPU), each in its own session so a terminal's Ctrl-C reaches only this process, which
+then stops them in order: a Shutdown call, SIGTERM to each process group, SIGKILL after a timeout.
+Children also exit by themselves if this process disappears. Their stderr goes to a log directory,
+whose path and last line are quoted in any error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
+from sangam.batcher import Policy
+from sangam.config import RunConfig
+from sangam.hardware import BLOCK
+from sangam.layout import Kind, parse_mode
+from sangam.request import Request
+
+if TYPE_CHECKING:
+    from executor.client import SangamClient
+    from executor.proto import sangam_pb2 as pb
+
+DEFAULTS = RunConfig()
+LIVE_NUM_REQUESTS = 100
+CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: about a minute
+SERVE_PORT = 50051
+MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LiveError(Exception):
+    """A live run failed (a process died, no progress, requests failed); one line for the user."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a threshold in (0, 1], got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _gpu_list(text: str) -> list[int]:
+    """`N` (the first N visible GPUs) or a comma list of indices `0,2,3`."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a GPU count or a list like 0,1,3, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected a GPU count or a list like 0,1,3, got {text!r}")
+    if len(values) == 1 and "," not in text:
+        if values[0] == 0:
+            raise argparse.ArgumentTypeError("--gpus needs at least one GPU")
+        return list(range(values[0]))
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"GPU indices repeat in {text!r}")
+    return values
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `sangam live` (the CLI adds them to its `live` subcommand)."""
+    placement = parser.add_argument_group("processes")
+    placement.add_argument(
+        "--mode", default="colocated", help="colocated or <n>C (other modes are not live yet)"
+    )
+    placement.add_argument(
+        "--gpus", type=_gpu_list, help="GPU count or indices, one worker each (default: every visible GPU)"
+    )
+    placement.add_argument("--workers", type=_positive_int, help="run N CPU workers instead (tests, no GPU)")
+    placement.add_argument(
+        "--model",
+        choices=sorted(LIVE_MODELS),
+        help="served model (default: llada-8b on GPU, tiny-llada on CPU); ignored with --weights PATH",
+    )
+    placement.add_argument("--weights", default="random", help="'random' or a local HF checkpoint directory")
+    placement.add_argument(
+        "--gpu", default=DEFAULTS.gpu, help="h100 or h200: sizes the default KV pool, as in sangam sim"
+    )
+    placement.add_argument(
+        "--pages", type=_positive_int, help=f"KV pages per worker (tiny default {TINY_PAGES})"
+    )
+    placement.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads per worker")
+    placement.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay decode-only iterations from CUDA graphs (GPU workers)",
+    )
+    placement.add_argument("--host", default="127.0.0.1", help="address the scheduler's client port binds")
+    placement.add_argument(
+        "--port", type=int, help=f"client port (default {SERVE_PORT} with --serve, else any)"
+    )
+    placement.add_argument("--serve", action="store_true", help="serve external clients until Ctrl-C")
+    placement.add_argument("--log-dir", type=Path, help="process logs (default: a temporary directory)")
+    placement.add_argument("--startup-timeout", type=_positive_float, default=600.0, help="seconds")
+    placement.add_argument(
+        "--stall-timeout", type=_positive_float, default=300.0, help="fail after this long without progress"
+    )
+
+    workload = parser.add_argument_group("workload (as in sangam sim)")
+    workload.add_argument(
+        "--trace", default=DEFAULTS.trace, help="sharegpt, arxiv, or a .csv/.jsonl trace file"
+    )
+    workload.add_argument("--qps", type=_positive_float, default=DEFAULTS.qps)
+    workload.add_argument(
+        "--num-requests",
+        type=_positive_int,
+        help=f"requests to replay (default {LIVE_NUM_REQUESTS}, {CPU_NUM_REQUESTS} on CPU)",
+    )
+    workload.add_argument(
+        "--arrival-cv", type=_positive_float, help="gamma arrivals with this CV (default Poisson)"
+    )
+    workload.add_argument(
+        "--mask-len", type=_positive_int, help="mask buffer (default 1024 ShareGPT, 512 arXiv)"
+    )
+    workload.add_argument(
+        "--progress", help="forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, empirical:FILE"
+    )
+    workload.add_argument("--seed", type=int, default=DEFAULTS.seed)
+
+    policy = parser.add_argument_group("scheduling")
+    policy.add_argument("--budget", type=_positive_int, default=DEFAULTS.budget, help="tau of every worker")
+    policy.add_argument("--theta", type=_positive_int, default=DEFAULTS.theta)
+    policy.add_argument("--policy", choices=[p.value for p in Policy], default=DEFAULTS.policy.value)
+    policy.add_argument("--max-decodes", type=_positive_int, default=DEFAULTS.max_decodes)
+
+    sampling = parser.add_argument_group("unmasking")
+    sampling.add_argument(
+        "--unmask",
+        choices=["schedule", "threshold"],
+        help="schedule: each block takes the progress model's forwards (default with random weights); "
+        "threshold: confidence threshold (default with real weights)",
+    )
+    sampling.add_argument("--threshold", type=_threshold, default=0.9)
+    sampling.add_argument("--temperature", type=_non_negative_float, default=0.0)
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")
+    output.add_argument(
+        "--iteration-log", type=Path, help="one CSV row per worker iteration, plus gpu_s and items"
+    )
+
+
+# ---- what to launch ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    device: str  # as the worker sees it
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Everything the scheduler and worker processes are started with."""
+
+    workers: tuple[WorkerSpec, ...]
+    model: str = "tiny-llada"
+    weights: str = "random"
+    pages: int = TINY_PAGES
+    mask_len: int = 1024
+    mode: str = "colocated"
+    policy: str = Policy.DEFICIT.value
+    budget: int = 1024
+    max_decodes: int = 64
+    theta: int = 8192
+    seed: int = 0
+    threads: int = 1
+    cuda_graphs: bool = True
+    host: str = "127.0.0.1"
+    port: int = 0
+    iteration_log: Path | None = None
+
+    @property
+    def stop_at_eos(self) -> bool:
+        return self.weights != "random"
+
+
+def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
+    return tuple(WorkerSpec("cpu") for _ in range(n))
+
+
+def gpu_workers(indices: Sequence[int]) -> tuple[WorkerSpec, ...]:
+    return tuple(WorkerSpec("cuda:0", {"CUDA_VISIBLE_DEVICES": str(i)}) for i in indices)
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees (counted through NVML: no CUDA context in the launcher)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# ---- the processes -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    def last_line(self) -> str:
+        self.log_file.flush()
+        try:
+            lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines()]
+        except OSError:
+            return ""
+        lines = [line for line in lines if line]
+        return lines[-1] if lines else ""
+
+
+class LocalCluster:
+    """The scheduler and worker processes of one live deployment on this host."""
+
+    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None) -> None:
+        self.spec = spec
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="sangam-live-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+        self.address = ""
+        self.client: SangamClient | None = None
+        self._stopping = False
+        self._stopped = False
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 600.0) -> pb.StatusReply:
+        """Start every process; return once all workers have registered and the scheduler is ready."""
+        from executor.client import SangamClient, SangamError
+
+        spec = self.spec
+        deadline = time.monotonic() + timeout
+        ready_file = self.log_dir / "scheduler.json"
+        ready_file.unlink(missing_ok=True)
+        command = [
+            "-m", "executor.scheduler", "--workers", str(len(spec.workers)), "--mode", spec.mode,
+            "--mask-len", str(spec.mask_len), "--theta", str(spec.theta), "--seed", str(spec.seed),
+            "--host", spec.host, "--port", str(spec.port), "--ready-file", str(ready_file),
+            "--exit-with-parent",
+        ]  # fmt: skip
+        if spec.stop_at_eos:
+            command.append("--stop-at-eos")
+        if spec.iteration_log is not None:
+            command += ["--iteration-log", str(spec.iteration_log)]
+        self._spawn("scheduler", command, {})
+        while not ready_file.exists():
+            self.check()
+            if time.monotonic() > deadline:
+                raise LiveError(f"the scheduler did not start within {timeout:g} s (logs: {self.log_dir})")
+            time.sleep(0.02)
+        info = json.loads(ready_file.read_text())
+        self.address = info["address"]
+        for index, worker in enumerate(spec.workers):
+            command = [
+                "-m", "executor.worker", "--worker-id", str(index), "--scheduler", info["control"],
+                "--model", spec.model, "--weights", spec.weights, "--device", worker.device,
+                "--pages", str(spec.pages), "--policy", spec.policy, "--budget", str(spec.budget),
+                "--max-decodes", str(spec.max_decodes), "--seed", str(spec.seed),
+                "--threads", str(spec.threads), "--exit-with-parent",
+            ]  # fmt: skip
+            if not spec.cuda_graphs:
+                command.append("--no-cuda-graphs")
+            self._spawn(f"worker {index}", command, worker.env)
+        self.client = SangamClient(self.address)
+        while True:
+            self.check()
+            try:
+                status = self.client.status()
+            except SangamError:
+                status = None
+            if status is not None:
+                if status.failure:
+                    raise LiveError(status.failure)
+                if status.ready:
+                    return status
+            if time.monotonic() > deadline:
+                registered = status.workers_registered if status is not None else 0
+                raise LiveError(
+                    f"{registered} of {len(spec.workers)} workers ready after {timeout:g} s "
+                    f"(logs: {self.log_dir})"
+                )
+            time.sleep(0.05)
+
+    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str]) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("OMP_NUM_THREADS", str(self.spec.threads))
+        env.update(extra_env)
+        log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
+        log_file = log_path.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # own process group: a terminal's Ctrl-C reaches only the launcher
+        )
+        self.children.append(Child(name, proc, log_path, log_file))
+
+    def check(self) -> None:
+        """Raise LiveError if any process has exited."""
+        if self._stopping:
+            return
+        for child in self.children:
+            code = child.proc.poll()
+            if code is not None:
+                last = child.last_line()
+                detail = f": {last}" if last else ""
+                raise LiveError(f"{child.name} exited with status {code}{detail} (logs: {self.log_dir})")
+
+    @property
+    def pids(self) -> list[int]:
+        return [child.proc.pid for child in self.children]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind."""
+        if self._stopped:
+            return
+        self._stopping = True
+        with _ignoring_sigint():
+            try:
+                if self.client is not None and self.children and self.children[0].proc.poll() is None:
+                    with suppress(Exception):  # the scheduler may be gone already
+                        self.client.shutdown()
+                    _wait_all(self.children, min(timeout / 2, 5.0))
+            finally:
+                for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+                    # Only unreaped children: their pids (and process groups) cannot have been reused.
+                    alive = [c for c in self.children if c.proc.poll() is None]
+                    for child in alive:
+                        with suppress(ProcessLookupError, PermissionError):
+                            os.killpg(child.proc.pid, sig)
+                    _wait_all(alive, grace)
+                for child in self.children:
+                    child.log_file.close()
+                if self.client is not None:
+                    self.client.close()
+                self._stopped = True
+
+    def remove_logs(self) -> None:
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def _wait_all(children: Sequence[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for child in children:
+        with suppress(subprocess.TimeoutExpired):
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+
+
+@contextmanager
+def _ignoring_sigint() -> Iterator[None]:
+    """Let a shutdown finish although the user presses Ctrl-C again (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the launcher stops it like Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ---- a run -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LivePlan:
+    """The resolved run: config, processes and unmasking."""
+
+    config: RunConfig
+    cluster: ClusterSpec
+    model: str
+    unmask: str
+    threshold: float
+    temperature: float
+    devices: tuple[str, ...]
+
+    def resolved(self) -> dict[str, Any]:
+        out = self.config.resolved()
+        out.update(
+            live_model=self.model,
+            weights=self.cluster.weights,
+            unmask=self.unmask,
+            threshold=self.threshold,
+            temperature=self.temperature,
+            devices=list(self.devices),
+            workers=len(self.devices),
+        )
+        return out
+
+
+def _checkpoint_spec(path: Path) -> str:
+    """The sangam.hardware model a local checkpoint is shaped like (from config.json)."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--weights {path}: cannot read config.json: {err}") from None
+    architecture = (raw.get("architectures") or [None])[0]
+    known = {"LLaDAModelLM": "llada-8b", "DreamModel": "dream-7b"}
+    if architecture not in known:
+        raise ValueError(f"--weights {path}: architecture {architecture!r} is not LLaDAModelLM or DreamModel")
+    return known[architecture]
+
+
+def plan_run(args: argparse.Namespace) -> LivePlan:
+    """Validate the options and resolve every default; ValueError for bad input."""
+    if args.workers is not None and args.gpus is not None:
+        raise ValueError("--workers (CPU workers) and --gpus exclude each other")
+    if args.workers is not None:
+        workers = cpu_workers(args.workers)
+    else:
+        count = visible_gpus()
+        indices = args.gpus if args.gpus is not None else list(range(count))
+        if indices and max(indices) >= count:
+            raise ValueError(f"--gpus {','.join(map(str, indices))}: only {count} CUDA devices are visible")
+        workers = gpu_workers(indices) if indices else cpu_workers(1)
+    on_cpu = workers[0].device == "cpu"
+    layout = parse_mode(args.mode, len(workers))
+    if layout.kind is not Kind.COLOCATED:
+        raise ValueError(
+            f"mode {args.mode!r} is not supported live yet: only colocated (KV transfer comes later)"
+        )
+    if layout.num_workers != len(workers):
+        raise ValueError(
+            f"mode {args.mode!r} names {layout.num_workers} workers but {len(workers)} are started"
+        )
+    random_weights = args.weights == "random"
+    if random_weights:
+        model = args.model or ("tiny-llada" if on_cpu else "llada-8b")
+        spec_name = lookup_live_model(model).spec
+        tiny = lookup_live_model(model).tiny
+    else:
+        model, tiny = str(args.weights), False
+        spec_name = _checkpoint_spec(Path(args.weights))
+    if tiny and not on_cpu:
+        raise ValueError(f"{model} is a CPU test model; use llada-8b or dream-7b on GPUs")
+    pages = args.pages or (TINY_PAGES if tiny else None)
+    config = RunConfig(
+        mode=args.mode,
+        model=spec_name,
+        gpu=args.gpu,
+        gpus=len(workers),
+        trace=args.trace,
+        qps=args.qps,
+        num_requests=args.num_requests or (CPU_NUM_REQUESTS if on_cpu else LIVE_NUM_REQUESTS),
+        arrival_cv=args.arrival_cv,
+        mask_len=args.mask_len,
+        budget=args.budget,
+        theta=args.theta,
+        policy=Policy(args.policy),
+        max_decodes=args.max_decodes,
+        pages=pages,
+        seed=args.seed,
+    )
+    if config.kv_pages <= 0:
+        raise ValueError(f"no KV pages left for {spec_name} on {args.gpu}; give --pages")
+    port = args.port if args.port is not None else (SERVE_PORT if args.serve else 0)
+    cluster = ClusterSpec(
+        workers=workers,
+        model=model if random_weights else "llada-8b",
+        weights=args.weights,
+        pages=config.kv_pages,
+        mask_len=config.mask_tokens,
+        mode=args.mode,
+        policy=args.policy,
+        budget=args.budget,
+        max_decodes=args.max_decodes,
+        theta=args.theta,
+        seed=args.seed,
+        threads=args.threads,
+        cuda_graphs=args.cuda_graphs,
+        host=args.host,
+        port=port,
+        iteration_log=args.iteration_log,
+    )
+    unmask = args.unmask or ("schedule" if random_weights else "threshold")
+    return LivePlan(
+        config, cluster, model, unmask, args.threshold, args.temperature, tuple(w.device for w in workers)
+    )
+
+
+def workload(plan: LivePlan, args: argparse.Namespace) -> tuple[list[Request], list[int]]:
+    """The requests of the run (sim's generators) and each one's trace output length."""
+    from sangam.config import build_requests, synthetic_rows, with_arrival_times
+
+    cfg = plan.config
+    progress = None
+    if args.progress:
+        from sangam.progress import empirical, parse_progress
+
+        kind, _, path = args.progress.partition(":")
+        if kind == "empirical":
+            from sangam.traces import read_steps
+
+            progress = empirical(read_steps(Path(path)))
+        else:
+            progress = parse_progress(args.progress)
+    if cfg.is_synthetic:
+        rows = synthetic_rows(cfg)
+    else:
+        from sangam.traces import read_trace
+
+        rows = with_arrival_times(cfg, read_trace(Path(cfg.trace))[: cfg.num_requests])
+    requests = build_requests(cfg, rows, progress)
+    blocks = cfg.mask_tokens // BLOCK
+    for req in requests:
+        if req.n_blocks > blocks:
+            raise ValueError(
+                f"request {req.id}: {req.output_len} output tokens need {req.n_blocks} blocks, the "
+                f"{cfg.mask_tokens}-token mask buffer holds {blocks}; raise --mask-len"
+            )
+    return requests, [row.output_len for row in rows]
+
+
+def replay(
+    cluster: LocalCluster, plan: LivePlan, requests: Sequence[Request], vocab: int, mask_id: int
+) -> dict[int, int]:
+    """Submit every request at its arrival time; scheduler id -> request index."""
+    from executor.proto import sangam_pb2 as pb
+
+    assert cluster.client is not None
+    cfg = plan.config
+    prompts = cfg.rng("prompts")
+    seeds = cfg.rng("sampling")
+    pending: list[tuple[int, Any]] = []
+    in_flight: deque[Any] = deque()
+    start = time.monotonic()
+    for req in sorted(requests, key=lambda r: (r.arrival, r.id)):
+        prompt = [
+            t if t < mask_id else t + 1 for t in (prompts.randrange(vocab - 1) for _ in range(req.prompt_len))
+        ]
+        sampling = pb.SamplingParams(
+            threshold=plan.threshold, temperature=plan.temperature, seed=seeds.getrandbits(62)
+        )
+        message = pb.SubmitRequest(
+            prompt_token_ids=prompt,
+            gen_len=BLOCK * req.n_blocks,
+            sampling=sampling,
+            forwards=list(req.steps) if plan.unmask == "schedule" else [],
+        )
+        while (wait := start + req.arrival - time.monotonic()) > 0:
+            cluster.check()
+            time.sleep(min(wait, 0.05))
+        while len(in_flight) >= MAX_IN_FLIGHT:  # a burst must not exceed the server's concurrent calls
+            in_flight.popleft().exception()
+        future = cluster.client.submit_future(message)
+        in_flight.append(future)
+        pending.append((req.id, future))
+    ids = {}
+    for index, future in pending:
+        try:
+            reply = future.result()
+        except Exception as err:
+            cluster.check()
+            raise LiveError(f"submitting request {index} failed: {describe(err)}") from None
+        ids[reply.request_id] = index
+    return ids
+
+
+def describe(err: BaseException) -> str:
+    """One line for a failed call."""
+    import grpc
+
+    from executor.rpc import describe as describe_rpc
+
+    return describe_rpc(err) if isinstance(err, grpc.RpcError) else f"{type(err).__name__}: {err}"
+
+
+def wait_for_all(cluster: LocalCluster, total: int, stall_timeout: float) -> pb.StatusReply:
+    """Until every submitted request is DONE or ERROR; LiveError on a death or a stall."""
+    assert cluster.client is not None
+    progress, since = (-1, -1), time.monotonic()
+    while True:
+        cluster.check()
+        status = cluster.client.status()
+        if status.failure:
+            raise LiveError(status.failure)
+        if status.done + status.errors >= total:
+            return status
+        if (status.done, status.iterations) != progress:
+            progress, since = (status.done, status.iterations), time.monotonic()
+        elif time.monotonic() - since > stall_timeout:
+            raise LiveError(
+                f"no progress for {stall_timeout:g} s with {total - status.done - status.errors} requests "
+                f"unfinished (logs: {cluster.log_dir})"
+            )
+        time.sleep(0.05)
+
+
+def rebuild(
+    records: Sequence[pb.RequestRecord], ids: dict[int, int], output_lens: Sequence[int]
+) -> list[Request]:
+    """Finished requests with the trace's ids and lengths, times relative to the first arrival."""
+    from executor.scheduler import request_from_record
+
+    if not records:
+        return []
+    shift = min(r.arrival for r in records)
+    requests = []
+    for record in records:
+        req = request_from_record(record, shift=shift)
+        index = ids.get(record.request_id, record.request_id)
+        req.id = index
+        if index < len(output_lens) and -(-output_lens[index] // BLOCK) == req.n_blocks:
+            req.output_len = output_lens[index]  # the trace's, as the simulator counts it
+        requests.append(req)
+    return sorted(requests, key=lambda r: r.id)
+
+
+def run_live(args: argparse.Namespace) -> int:
+    """`sangam live`; bad options raise ValueError (exit 2), a failed run prints one line (exit 1)."""
+    plan = plan_run(args)
+    requests, output_lens = ([], []) if args.serve else workload(plan, args)
+    try:
+        with _sigterm_as_interrupt():
+            return _serve(plan, args) if args.serve else _replay(plan, args, requests, output_lens)
+    except LiveError as err:
+        print(f"sangam: error: {err}", file=sys.stderr)
+        return 1
+
+
+@contextmanager
+def _running(plan: LivePlan, args: argparse.Namespace) -> Iterator[tuple[LocalCluster, pb.StatusReply]]:
+    """A started cluster, stopped on the way out; its logs are kept only if something failed."""
+    cluster = LocalCluster(plan.cluster, args.log_dir)
+    keep_logs = True
+    try:
+        status = cluster.start(args.startup_timeout)
+        yield cluster, status
+        keep_logs = False
+    except KeyboardInterrupt:
+        keep_logs = False
+        raise
+    finally:
+        cluster.stop()
+        if not keep_logs:
+            cluster.remove_logs()
+
+
+def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], output_lens: list[int]) -> int:
+    from sangam.report import print_sim_table
+    from sangam.results import request_row, summarize, write_results
+
+    started = time.monotonic()
+    with _running(plan, args) as (cluster, status):
+        assert cluster.client is not None
+        print(
+            f"sangam live: {len(plan.devices)} workers ({plan.model} on "
+            f"{', '.join(sorted(set(plan.devices)))}) ready in {time.monotonic() - started:.1f} s; "
+            f"replaying {len(requests)} requests",
+            file=sys.stderr,
+        )
+        ids = replay(cluster, plan, requests, status.vocab, status.mask_id)
+        final = wait_for_all(cluster, len(requests), args.stall_timeout)
+        records = cluster.client.results()
+        finished_ids = {r.request_id for r in records}
+        failed = [cluster.client.poll(rid) for rid in ids if rid not in finished_ids]
+    finished = rebuild(records, ids, output_lens)
+    if not finished:
+        reason = failed[0].error if failed else "no request finished"
+        raise LiveError(f"all {len(requests)} requests failed: {reason}")
+    summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
+    summary.update(
+        failed=len(failed),
+        live_wall_s=time.monotonic() - started,
+        live_iterations=final.iterations,
+        config=plan.resolved(),
+    )
+    if args.out:
+        write_results(args.out, finished, summary)
+    print_sim_table([summary], title="sangam live")
+    if failed:
+        raise LiveError(f"{len(failed)} of {len(requests)} requests failed: {failed[0].error}")
+    return 0
+
+
+def _serve(plan: LivePlan, args: argparse.Namespace) -> int:
+    from sangam.results import request_row, summarize, write_results
+
+    with _running(plan, args) as (cluster, status):
+        assert cluster.client is not None
+        print(
+            f"sangam live: serving {plan.model} on {cluster.address} with {len(plan.devices)} workers "
+            f"(mask buffer {status.mask_len}, {status.pages} KV pages each; logs in {cluster.log_dir}); "
+            "Ctrl-C to stop",
+            flush=True,
+        )
+        try:
+            while True:
+                cluster.check()
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        finished = rebuild(cluster.client.results(), {}, []) if args.out else []
+    if finished:
+        summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
+        summary["config"] = plan.resolved()
+        write_results(args.out, finished, summary)
+    print("sangam live: stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m executor.live ...`: the same as `sangam live ...`."""
+    parser = argparse.ArgumentParser(prog="python -m executor.live", description="Run Sangam live.")
+    add_live_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_live(args)
+    except (ValueError, OSError) as err:
+        print(f"sangam: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sangam: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

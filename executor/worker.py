@@ -1,0 +1,477 @@
+"""A live worker process: a gRPC front end and one loop thread that drives `sangam.batcher.Batcher`.
+
+    python -m executor.worker --worker-id 0 --scheduler 127.0.0.1:PORT [--model tiny-llada] ...
+
+Threads:
+- gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) only validate and push onto a thread-safe inbox;
+- the loop thread (the main thread) owns the Batcher, the PagePool, the PagedKVCache, the ModelRunner and
+  the sampler: drain inbox -> `add_prefill` -> `next_microbatch` -> forward -> unmask -> `complete` ->
+  hand the iteration's report to the outbox. It never waits on the scheduler;
+- the sender thread batches reports from the outbox into `Control.Report` calls.
+
+A block arrives as a `BlockWork` (the request's tokens up to its first mask) and becomes a local,
+single-block `sangam.request.Request`; the block's KV pages come from the Batcher's pool when its prefill
+is admitted and go back when the block ends. Its planned forwards (or 32, the most a block can take, when
+the sampler decides) are replaced by the forwards actually used as soon as the block is fully unmasked,
+so `Batcher.complete` ends it on exactly that iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+import torch
+from torch import Tensor
+
+from executor import rpc
+from executor.attention import TorchAttention
+from executor.forward import ModelRunner
+from executor.kv_cache import PagedKVCache
+from executor.live_models import lookup_live_model
+from executor.microbatch import ForwardItem, Phase
+from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, tiny
+from executor.proto import sangam_pb2 as pb
+from executor.proto import sangam_pb2_grpc as pb_grpc
+from executor.sampler import BlockStep, SamplingParams, commits_eos, unmask
+from sangam.batcher import BatchConfig, Batcher, Microbatch, Policy
+from sangam.hardware import BLOCK
+from sangam.kv import PagePool
+from sangam.request import Request
+from sangam.results import ITERATION_COLUMNS, iteration_row
+
+REPORT_BATCH = 256  # iterations per Report call at most
+REPORT_ATTEMPTS = 4
+
+log = logging.getLogger("sangam.worker")
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One block of one request on this worker."""
+
+    req: Request  # local, single-block: what the Batcher schedules
+    block: int  # the block's index within the request
+    block_start: int
+    tokens: Tensor  # (S,) int64 on the host: prompt, committed blocks, masks; the block is updated in place
+    params: SamplingParams
+    forwards: int | None  # planned forwards; None: the sampler decides
+
+
+def sampling_params(msg: pb.SamplingParams, request_id: int) -> SamplingParams:
+    return SamplingParams(
+        threshold=msg.threshold if msg.HasField("threshold") else 0.9,
+        temperature=msg.temperature if msg.HasField("temperature") else 0.0,
+        seed=msg.seed if msg.HasField("seed") else request_id,
+    )
+
+
+def check_work(work: pb.BlockWork) -> str | None:
+    """Why a `BlockWork` cannot be run, or None (the scheduler validated the request already)."""
+    seq_len = work.prompt_len + work.mask_len
+    if work.prompt_len <= 0 or work.mask_len <= 0 or work.mask_len % BLOCK:
+        return f"request {work.request_id}: bad lengths prompt {work.prompt_len} mask {work.mask_len}"
+    if not 0 <= work.block < work.mask_len // BLOCK:
+        return f"request {work.request_id}: block {work.block} outside a mask buffer of {work.mask_len}"
+    if len(work.tokens) != work.prompt_len + BLOCK * work.block or len(work.tokens) > seq_len:
+        return f"request {work.request_id}: {len(work.tokens)} known tokens for block {work.block}"
+    if not 0 <= work.forwards <= BLOCK:
+        return f"request {work.request_id}: {work.forwards} planned forwards"
+    return None
+
+
+class Runner(Protocol):
+    """`ModelRunner` or a drop-in (`GraphedModelRunner`): logits (items, 32, vocab) of one microbatch."""
+
+    def forward(self, items: Sequence[ForwardItem]) -> Tensor: ...
+
+
+class Engine:
+    """The torch side of one worker: turns microbatches into forwards, commits, and reports."""
+
+    def __init__(self, worker_id: int, model: Transformer, batcher: Batcher, runner: Runner) -> None:
+        self.worker_id = worker_id
+        self.model = model
+        self.batcher = batcher
+        self.runner = runner
+        self.mask_id = model.config.mask_id
+        self.eos_ids = model.config.eos_ids
+        self.shift = model.config.logit_shift
+        self.device = model.device
+        self.jobs: dict[int, Job] = {}
+
+    def admit(self, work: pb.BlockWork) -> None:
+        """Queue one block's prefill with the batcher."""
+        if work.request_id in self.jobs:
+            raise ValueError(f"request {work.request_id} is already on worker {self.worker_id}")
+        seq_len = work.prompt_len + work.mask_len
+        tokens = torch.full((seq_len,), self.mask_id, dtype=torch.long)
+        tokens[: len(work.tokens)] = torch.tensor(list(work.tokens), dtype=torch.long)
+        forwards = work.forwards or None
+        req = Request(
+            work.request_id, work.arrival, work.prompt_len, BLOCK, work.mask_len, (forwards or BLOCK,)
+        )
+        block_start = work.prompt_len + BLOCK * work.block
+        params = sampling_params(work.sampling, work.request_id)
+        self.jobs[req.id] = Job(req, work.block, block_start, tokens, params, forwards)
+        self.batcher.add_prefill(req)
+
+    def step(self) -> pb.IterationReport | None:
+        """Run one iteration; None if the batcher formed an empty microbatch."""
+        start = time.monotonic()
+        mb = self.batcher.next_microbatch(start)
+        if mb.empty:
+            return None
+        decodes = [self.jobs[r.id] for r in mb.decodes]
+        prefills = [self.jobs[r.id] for r in mb.prefills]
+        jobs = decodes + prefills
+        items = [ForwardItem(j.req.id, Phase.DECODE, j.tokens, j.block_start) for j in decodes]
+        items += [ForwardItem(j.req.id, Phase.PREFILL, j.tokens, j.block_start) for j in prefills]
+        steps = [BlockStep(j.params, j.block, j.req.step, j.forwards) for j in jobs]
+        blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
+
+        logits, gpu_s = self._timed_forward(items)
+        new_blocks = unmask(blocks.to(self.device), logits, steps, self.mask_id).cpu()
+        gpu_s = gpu_s()
+        done: dict[int, Tensor] = {}
+        for job, new in zip(jobs, new_blocks, strict=True):
+            job.tokens[job.block_start : job.block_start + BLOCK] = new
+            forwards = job.req.step + 1  # including this one
+            if not bool((new == self.mask_id).any()):
+                job.req.steps = (forwards,)
+                done[job.req.id] = new
+            elif forwards >= job.req.steps[0]:  # cannot happen: every forward commits at least one mask
+                log.warning(
+                    "request %d block %d still masked after %d forwards", job.req.id, job.block, forwards
+                )
+                job.req.steps = (forwards + 1,)
+        end = time.monotonic()
+        outcome = self.batcher.complete(mb, end)
+
+        report = pb.IterationReport(stats=self._stats(start, end, mb), gpu_s=gpu_s)
+        for item in items:
+            query = item.seq_len if item.phase is Phase.PREFILL else BLOCK + self.shift
+            kind = pb.PREFILL if item.phase is Phase.PREFILL else pb.DECODE
+            report.items.add(kind=kind, query_tokens=query, context_len=item.seq_len)
+        for req in outcome.prefilled:
+            rec = req.blocks[0]
+            assert rec.prefill_start is not None and rec.prefill_end is not None
+            report.prefilled.add(
+                request_id=req.id,
+                block=self.jobs[req.id].block,
+                prefill_start=rec.prefill_start,
+                prefill_end=rec.prefill_end,
+            )
+        for req in outcome.finished:
+            job, rec, tokens = self.jobs.pop(req.id), req.blocks[0], done[req.id]
+            assert rec.end is not None
+            entry = report.finished.add(
+                request_id=req.id,
+                block=job.block,
+                tokens=tokens.tolist(),
+                forwards=req.steps[0],
+                end=rec.end,
+                eos=commits_eos(tokens, self.eos_ids),
+            )
+            if rec.decode_start is not None:
+                entry.decode_start = rec.decode_start
+        return report
+
+    def _timed_forward(self, items: Sequence[ForwardItem]) -> tuple[Tensor, Any]:
+        """Logits, and a callable giving the forward's seconds once the results are on the host."""
+        if self.device.type == "cuda":
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            logits = self.runner.forward(items)
+            finish.record()
+            return logits, lambda: begin.elapsed_time(finish) / 1000.0
+        t0 = time.perf_counter()
+        logits = self.runner.forward(items)
+        seconds = time.perf_counter() - t0
+        return logits, lambda: seconds
+
+    def _stats(self, start: float, end: float, mb: Microbatch) -> pb.IterationStats:
+        row = dict(zip(ITERATION_COLUMNS, iteration_row(self.worker_id, start, end, mb), strict=True))
+        row["memory_blocked"] = int(row["memory_blocked"])
+        return pb.IterationStats(**row)
+
+
+class WorkerServicer(pb_grpc.WorkerServicer):
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+
+    def Enqueue(self, request: pb.EnqueueBatch, context: grpc.ServicerContext) -> pb.EnqueueReply:
+        for work in request.blocks:
+            reason = check_work(work)
+            if reason is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        if self.worker.stopping.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
+        self.worker.inbox.put(list(request.blocks))
+        return pb.EnqueueReply(accepted=len(request.blocks))
+
+    def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
+        self.worker.stop("shutdown requested")
+        return pb.ShutdownReply()
+
+
+class WorkerProcess:
+    """The process around one `Engine`: inbox, loop, outbox and sender."""
+
+    def __init__(self, worker_id: int, engine: Engine, control: pb_grpc.ControlStub) -> None:
+        self.worker_id = worker_id
+        self.engine = engine
+        self.control = control
+        self.inbox: queue.SimpleQueue[list[pb.BlockWork]] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[pb.IterationReport | None] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.failure: str | None = None
+        self.step_started: float | None = None  # when the iteration in progress began
+        self._sender = threading.Thread(target=self._send_loop, name="report-sender", daemon=True)
+
+    def stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            log.info("stopping: %s", why)
+        self.stopping.set()
+
+    def fail(self, why: str) -> None:
+        self.failure = self.failure or why
+        self.stop(why)
+
+    def run(self) -> None:
+        """The loop thread; returns when stopped."""
+        self._sender.start()
+        batcher = self.engine.batcher
+        try:
+            while not self.stopping.is_set():
+                self._drain(wait=not batcher.has_work)
+                if not batcher.has_work:
+                    continue
+                self.step_started = time.monotonic()
+                report = self.engine.step()
+                self.step_started = None
+                if report is None:  # nothing could run (cannot happen with validated requests)
+                    time.sleep(0.001)
+                    continue
+                self.outbox.put(report)
+        finally:
+            self.outbox.put(None)
+            self._sender.join(timeout=2.0)
+
+    def watch_for_hangs(self, timeout: float, on_hang: Callable[[str], None]) -> None:
+        """Call `on_hang` once (from a thread) if one iteration runs longer than `timeout` seconds."""
+
+        def watch() -> None:
+            while not self.stopping.wait(1.0):
+                started = self.step_started
+                if started is not None and time.monotonic() - started > timeout:
+                    on_hang(f"an iteration has run for more than {timeout:g} s")
+                    return
+
+        threading.Thread(target=watch, name="hang-watch", daemon=True).start()
+
+    def _drain(self, wait: bool) -> None:
+        try:
+            works = self.inbox.get(timeout=0.05) if wait else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            for work in works:
+                self.engine.admit(work)
+            try:
+                works = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _send_loop(self) -> None:
+        while True:
+            first = self.outbox.get()
+            if first is None:
+                return
+            batch = [first]
+            last = False
+            while len(batch) < REPORT_BATCH:
+                try:
+                    item = self.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    last = True
+                    break
+                batch.append(item)
+            if not self._send(pb.ReportBatch(worker_id=self.worker_id, iterations=batch)):
+                return
+            if last:
+                return
+
+    def _send(self, message: pb.ReportBatch) -> bool:
+        for attempt in range(REPORT_ATTEMPTS):
+            try:
+                self.control.Report(message, timeout=rpc.CALL_TIMEOUT_S)
+                return True
+            except grpc.RpcError as err:
+                if self.stopping.is_set():
+                    return False
+                if attempt == REPORT_ATTEMPTS - 1:
+                    self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
+                    return False
+                time.sleep(0.2 * 2**attempt)
+        return False
+
+
+def build_model(name: str, weights: str, device: torch.device, seed: int) -> Transformer:
+    """The served model: the named config with seeded random weights, or a local checkpoint."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if weights != "random":
+        return load_checkpoint(weights, dtype=dtype, device=device)
+    spec = lookup_live_model(name)
+    family = Family(spec.family)
+    config = tiny(family) if spec.tiny else full_size(family)
+    return random_model(config, dtype=dtype, device=device, seed=seed)
+
+
+def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:
+    """The torch backend on CPU; on CUDA FlashInfer (when installed) and decode CUDA graphs."""
+    if model.device.type != "cuda":
+        return ModelRunner(model, cache, TorchAttention())
+    from executor.flashinfer_backend import make_backend, supports, warm_up_kernels
+
+    kv_dtype = cache.layers[0].dtype
+    if supports(model.device, model.dtype):
+        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.head_dim,))
+    backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
+    runner = ModelRunner(model, cache, backend)
+    if not cuda_graphs or not supports(model.device, model.dtype):
+        return runner
+    from executor.cuda_graphs import GraphedModelRunner
+
+    return GraphedModelRunner(runner)  # takes its padding pages from the pool now
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m executor.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--scheduler", required=True, help="host:port of the scheduler's Control service")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default="tiny-llada")
+    parser.add_argument("--weights", default="random", help="'random' or a local HF checkpoint directory")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--pages", type=int, required=True)
+    parser.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.DEFICIT.value)
+    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--max-decodes", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="random weights (identical on every worker)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="decode graphs on CUDA"
+    )
+    parser.add_argument(
+        "--hang-timeout", type=float, default=300.0, help="report unhealthy if one iteration runs this long"
+    )
+    parser.add_argument("--exit-with-parent", action="store_true")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def register(control: pb_grpc.ControlStub, message: pb.RegisterRequest, timeout: float = 30.0) -> None:
+    """Register with the scheduler, retrying while it is not reachable yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = control.Register(message, timeout=rpc.CALL_TIMEOUT_S, wait_for_ready=True)
+            break
+        except grpc.RpcError as err:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cannot register with the scheduler: {rpc.describe(err)}") from None
+            time.sleep(0.2)
+    if not reply.accepted:
+        raise RuntimeError(f"the scheduler refused registration: {reply.error}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rpc.setup_logging(f"worker-{args.worker_id}", args.log_level)
+    torch.set_num_threads(args.threads)
+    srv: grpc.Server | None = None
+    process: WorkerProcess | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        if process is not None:
+            process.stop(f"signal {signum}")
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        device = torch.device(args.device)
+        model = build_model(args.model, args.weights, device, args.seed)
+        pool = PagePool(args.pages)
+        batcher = Batcher(
+            args.worker_id, BatchConfig(Policy(args.policy), args.budget, args.max_decodes), pool
+        )
+        cache = PagedKVCache.for_model(pool, model.config, dtype=model.dtype, device=device)
+        runner = build_runner(model, cache, cuda_graphs=args.cuda_graphs)
+        engine = Engine(args.worker_id, model, batcher, runner)
+        control = pb_grpc.ControlStub(rpc.channel(args.scheduler))
+        process = WorkerProcess(args.worker_id, engine, control)
+        srv = rpc.server(threads=4)
+        pb_grpc.add_WorkerServicer_to_server(WorkerServicer(process), srv)
+        health = rpc.add_health(srv)
+        address = rpc.bind(srv, args.host, args.port)
+        srv.start()
+        config = model.config
+        register(
+            control,
+            pb.RegisterRequest(
+                worker_id=args.worker_id,
+                address=address,
+                pages=pool.num_free,  # what requests can use: CUDA graphs keep a few padding pages
+                vocab=config.vocab,
+                mask_id=config.mask_id,
+                eos_ids=list(config.eos_ids),
+                model=args.model if args.weights == "random" else str(args.weights),
+                device=str(device),
+                pid=os.getpid(),
+            ),
+        )
+        rpc.set_serving(health, True)
+
+        def on_hang(why: str) -> None:  # the scheduler's health checks then declare this worker lost
+            print(f"worker {args.worker_id}: error: {why}", file=sys.stderr, flush=True)
+            rpc.set_serving(health, False)
+
+        process.watch_for_hangs(args.hang_timeout, on_hang)
+        if args.exit_with_parent:
+            rpc.exit_with_parent(lambda: process.stop("the launcher is gone") if process else None)
+        process.run()
+        rpc.set_serving(health, False)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # the traceback, then one line: the launcher reports the last line
+        traceback.print_exc()
+        print(f"worker {args.worker_id}: error: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if srv is not None:
+            srv.stop(grace=0.5).wait(2.0)
+    if process is not None and process.failure:
+        print(f"worker {args.worker_id}: error: {process.failure}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

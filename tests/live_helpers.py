@@ -1,0 +1,81 @@
+"""Helpers for the live tests: option parsing, small traces, and the processes a test left behind."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from executor.live import add_live_arguments
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def live_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_live_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def write_trace(
+    path: Path, n: int, *, qps: float, prompt: tuple[int, int], output: tuple[int, int], seed: int
+) -> Path:
+    """A CSV trace (arrival_time, prompt_len, output_len) of `n` short requests."""
+    rng = random.Random(seed)
+    now, lines = 0.0, ["arrival_time,prompt_len,output_len"]
+    for _ in range(n):
+        now += rng.expovariate(qps)
+        lines.append(f"{now:.6f},{rng.randint(*prompt)},{rng.randint(*output)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def child_pids(parent: int) -> set[int]:
+    """Live (non-zombie) processes whose parent is `parent`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...; comm may hold spaces, so split after the last ')'
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    out, frontier = set(), [root]
+    while frontier:
+        children = child_pids(frontier.pop())
+        out |= children
+        frontier.extend(children)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    """The pids still alive after waiting up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env

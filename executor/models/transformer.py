@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from executor.models.config import ModelConfig
-from executor.models.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+from executor.models.layers import RMSNorm, Rotary, SwiGLU
 
 
 class LayerAttention(Protocol):
@@ -30,11 +30,10 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden, config.qkv_width, bias=config.qkv_bias)
         self.out = nn.Linear(config.heads * config.head_dim, config.hidden, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: LayerAttention) -> Tensor:
+    def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
-        q = apply_rope(q.view(-1, self.heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
+        q, k = rope(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim))
         v = v.view(-1, self.kv_heads, self.head_dim)
         return self.out(attend(layer, q, k, v).flatten(1))
 
@@ -49,8 +48,8 @@ class Layer(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden, config.rms_eps)
         self.mlp = SwiGLU(config.hidden, config.intermediate)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: LayerAttention) -> Tensor:
-        h = x + self.attn(self.attn_norm(x), cos, sin, layer, attend)
+    def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
+        h = x + self.attn(self.attn_norm(x), rope, layer, attend)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -70,10 +69,10 @@ class Transformer(nn.Module):
 
         The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
         """
-        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        rope = Rotary(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed(tokens)
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, index, attend)
+            x = layer(x, rope, index, attend)
         return self.lm_head(self.norm(x[head_rows]))
 
     @property

@@ -1,0 +1,356 @@
+"""Executor speed on one GPU: full-size LLaDA-8B and Dream-7B with random bf16 weights, FlashInfer attention.
+
+Run on the accelerator machine, from the repository root (FlashInfer installed):
+
+    python -m benchmarks.executor_speed [--models llada dream] [--profile] [--json FILE]
+
+Prefill iterations: one request of S tokens (S in 1024, 2048, 4096). Decode-only iterations: B requests
+(B in 1..32), each forwarding its 32-token block (33 rows for Dream) over 1819 cached positions (795 prompt
++ 1024 mask), eagerly and replayed from CUDA graphs. Each row is the median, over repeats, of the CUDA-event
+time of one whole `forward` call (host packing and FlashInfer `plan` included, synchronised every iteration
+as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s) where
+
+    FLOPs = 2 * body parameters * query rows                       (linear layers)
+          + 4 * query rows * KV length * heads * head_dim * layers (non-causal attention, per item)
+          + 2 * hidden * vocab * 32 per item                       (LM head on the block)
+    bytes = body and LM-head weights once (bf16) + per decode item its KV read (KV length * KV bytes per
+            token), per prefill its KV written.
+
+Targets (issue 3): prefill at S >= 2048 reaches >= 65% of its bound; decode at B >= 4 runs within 1.5x of it.
+`--profile` adds, per model, a kernel-time breakdown (torch.profiler) of a prefill and of eager and graphed
+decodes. Only stdout is written, plus the rows as JSON with `--json FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from executor.attention import TorchAttention
+from executor.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
+from executor.flashinfer_backend import FlashInferAttention, make_backend, warm_up_kernels
+from executor.forward import ModelRunner
+from executor.kv_cache import PagedKVCache
+from executor.microbatch import ForwardItem, Phase
+from executor.models import Family, ModelConfig, full_size, layers, random_model
+from sangam.hardware import BLOCK, GPUS, MODELS, ModelSpec, pages_for
+from sangam.kv import PagePool
+
+GPU = GPUS["h200"]
+PROMPT, MASKS = 795, 1024  # ShareGPT median prompt plus the mask buffer: 1819 cached positions
+SPECS = {Family.LLADA: MODELS["llada-8b"], Family.DREAM: MODELS["dream-7b"]}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    model: str
+    phase: str  # prefill | decode
+    size: int  # S for a prefill, B for a decode
+    context: int  # KV length each item attends to
+    graphs: str  # "-" (prefill), "off", "on"
+    fused: bool  # FlashInfer RMSNorm / SiLU-and-mul / RoPE
+    ms: float
+    flops: float
+    bytes: float
+    bound_ms: float
+    bound_by: str
+    target: str  # "" where the issue sets none
+    error: float | None = None  # graphed vs eager logits, mean relative error
+
+
+def count(spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool) -> tuple[float, float]:
+    """(FLOPs, bytes) of one iteration of `items` identical items."""
+    rows = items * query_rows
+    flops = 2 * spec.layers * spec.layer_params * rows
+    flops += 4 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
+    flops += 2 * spec.hidden * spec.vocab * BLOCK * items
+    weights = 2 * (spec.layers * spec.layer_params + spec.vocab * spec.hidden)
+    kv = items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token
+    return float(flops), float(weights + kv)
+
+
+def bound(flops: float, nbytes: float) -> tuple[float, str]:
+    compute, memory = flops / (GPU.tflops * 1e12) * 1e3, nbytes / (GPU.tb_per_s * 1e12) * 1e3
+    return (compute, "compute") if compute >= memory else (memory, "memory")
+
+
+def time_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median CUDA-event time of `fn`, the GPU idle at each start (as after a worker's sampling step)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected.float()).abs().mean() / expected.float().abs().mean())
+
+
+def random_tokens(config: ModelConfig, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, config.mask_id, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+CATEGORIES = (
+    ("attention", ("prefill", "merge_state", "mergestate", "attention")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
+    ("norm", ("norm",)),
+    ("rope", ("rope", "rotary")),
+    ("silu_mul", ("act_and_mul", "silu")),
+    ("index/kv write", ("index", "scatter", "gather")),
+    ("copy", ("memcpy", "memset", "copy")),
+)
+
+
+def category(kernel: str) -> str:
+    name = kernel.lower()
+    return next(
+        (label for label, keys in CATEGORIES if any(key in name for key in keys)), "elementwise/other"
+    )
+
+
+def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
+    """Kernel time per iteration by category, the top kernels, and the share of the wall time kept busy."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / iterations * 1e3
+    kernels: dict[str, tuple[float, int]] = {}
+    for event in prof.key_averages():
+        if getattr(event.device_type, "name", "") != "CUDA":
+            continue
+        us = float(
+            getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0)
+        )
+        kernels[event.key] = (us / 1e3 / iterations, event.count // iterations)
+    busy = sum(ms for ms, _ in kernels.values())
+    groups: dict[str, float] = defaultdict(float)
+    for name, (ms, _) in kernels.items():
+        groups[category(name)] += ms
+    split = ", ".join(f"{k} {v:.2f}" for k, v in sorted(groups.items(), key=lambda kv: -kv[1]))
+    print(
+        f"[profile] {label}: wall {wall:.2f} ms/iter, kernels {busy:.2f} ms ({busy / wall:.0%} busy): {split}"
+    )
+    for name, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:6]:
+        print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
+
+
+def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
+    config, spec = full_size(family), SPECS[family]
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    model = random_model(config, dtype=dtype, device=device, seed=0)
+    context = PROMPT + MASKS
+    max_batch = max(args.decode)
+    capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8
+    cache = PagedKVCache.for_model(PagePool(capacity), config, dtype=dtype, device=device)
+    backend = make_backend(device, config, dtype=dtype)
+    assert isinstance(backend, FlashInferAttention), "the benchmark measures FlashInfer attention"
+    runner = ModelRunner(model, cache, backend)
+    pool, rows = cache.pool, []
+    shift = config.logit_shift
+
+    def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
+        query_rows = size if phase == "prefill" else BLOCK + shift
+        items = 1 if phase == "prefill" else size
+        flops, nbytes = count(spec, items, query_rows, ctx, phase == "decode")
+        bound_ms, by = bound(flops, nbytes)
+        if phase == "prefill":
+            target = (">=65%" if size >= 2048 else "") if layers.FUSED_KERNELS else ""
+        else:
+            target = ("<=1.5x" if size >= 4 else "") if layers.FUSED_KERNELS else ""
+        row = Row(
+            family.value,
+            phase,
+            size,
+            ctx,
+            graphs,
+            layers.FUSED_KERNELS,
+            ms,
+            flops,
+            nbytes,
+            bound_ms,
+            by,
+            target,
+            error,
+        )
+        rows.append(row)
+        print(format_row(row), flush=True)
+
+    def eager(items: list[ForwardItem], warmup: int) -> float:
+        return time_ms(lambda: runner.forward(items), warmup, args.repeats)
+
+    def replayed(graphs: GraphedModelRunner, items: list[ForwardItem], warmup: int) -> float:
+        return time_ms(lambda: graphs.forward(items), warmup, args.repeats)
+
+    def prefill(size: int) -> float:
+        rid = 1_000_000 + size
+        tokens = random_tokens(config, size, seed=size)
+        pool.allocate(rid, pages_for(size))
+        item = ForwardItem(rid, Phase.PREFILL, tokens, max(BLOCK, size - MASKS))
+        try:
+            return time_ms(lambda: runner.forward([item]), args.warmup, args.repeats)
+        finally:
+            pool.release(rid)
+
+    print(f"# {family.value}: prefill", flush=True)
+    for size in args.prefill:
+        add("prefill", size, size, "-", prefill(size))
+
+    # decode: max_batch requests whose block follows a prefill over prompt + masks
+    requests = []
+    for rid in range(max_batch):
+        tokens = torch.cat([random_tokens(config, PROMPT, seed=rid), torch.full((MASKS,), config.mask_id)])
+        pool.allocate(rid, pages_for(context))
+        requests.append(ForwardItem(rid, Phase.PREFILL, tokens, PROMPT))
+    for start in range(0, max_batch, 8):
+        runner.forward(requests[start : start + 8])
+    decodes = [ForwardItem(r.request_id, Phase.DECODE, r.tokens, r.block_start) for r in requests]
+
+    graphed = None
+    if not args.no_graphs:
+        graphed = GraphedModelRunner(runner, buckets=args.decode)
+        print(f"# {family.value}: decode graphs {args.decode} captured in {graphed.capture_seconds:.1f} s")
+    print(f"# {family.value}: decode", flush=True)
+    for size in args.decode:
+        items = decodes[:size]
+        add("decode", size, context, "off", eager(items, args.warmup))
+        if graphed is not None:
+            ms = replayed(graphed, items, args.warmup)
+            graphed.host_milliseconds()  # reset, then host time of replays that start on an idle GPU
+            for _ in range(5):
+                graphed.forward(items)
+                torch.cuda.synchronize()
+            host = ", ".join(f"{k} {v:.2f}" for k, v in graphed.host_milliseconds().items())
+            error = relative_error(graphed.forward(items), runner.forward(items))
+            add("decode", size, context, "on", ms, error)
+            print(f"#   host ms per replay: {host}")
+    # the bf16 noise floor of this random-weight model: the same decode with torch attention
+    items = decodes[: min(4, max_batch)]
+    noise = relative_error(runner.forward(items), ModelRunner(model, cache, TorchAttention()).forward(items))
+    print(
+        f"# {family.value}: decode B={len(items)} logits, FlashInfer vs torch attention (eager): {noise:.1e}"
+    )
+
+    if args.compare_unfused:  # the same model with the torch norm / activation / RoPE code
+        layers.FUSED_KERNELS = False
+        try:
+            add("prefill", 2048, 2048, "-", prefill(2048))
+            for size in (1, 8):
+                add("decode", size, context, "off", eager(decodes[:size], 2))
+            if graphed is not None:  # graphs captured with fused kernels: recapture without
+                graphed.close()
+                graphed = GraphedModelRunner(runner, buckets=(1, 8))
+                for size in (1, 8):
+                    add("decode", size, context, "on", replayed(graphed, decodes[:size], 2))
+        finally:
+            layers.FUSED_KERNELS = True
+            if graphed is not None:
+                graphed.close()
+                graphed = GraphedModelRunner(runner, buckets=(8,)) if args.profile else None
+
+    if args.profile:
+        pool.allocate(-2, pages_for(2048))
+        item = ForwardItem(-2, Phase.PREFILL, random_tokens(config, 2048, seed=2), 1024)
+        profile(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
+        pool.release(-2)
+        profile(f"{family.value} decode B=8 eager", lambda: runner.forward(decodes[:8]))
+        if graphed is not None:
+            profile(f"{family.value} decode B=8 graphs", lambda: graphed.forward(decodes[:8]))
+
+    if graphed is not None:
+        graphed.close()
+    return rows  # the model, its cache and its graphs die with this frame
+
+
+HEADER = (
+    f"{'model':<6} {'phase':<7} {'S/B':>5} {'ctx':>5} {'graphs':>6} {'fused':>5} {'ms':>8} "
+    f"{'bound ms':>8} {'bound':>7} {'TFLOP/s':>7} {'TB/s':>5} {'x bound':>7} {'%roof':>5} {'target':>6} "
+    f"{'met':>4} {'g-err':>7}"
+)
+
+
+def met(row: Row) -> str:
+    if not row.target:
+        return ""
+    ok = row.bound_ms / row.ms >= 0.65 if row.phase == "prefill" else row.ms / row.bound_ms <= 1.5
+    return "yes" if ok else "NO"
+
+
+def format_row(row: Row) -> str:
+    error = "" if row.error is None else f"{row.error:.1e}"
+    return (
+        f"{row.model:<6} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} {row.fused!s:>5} "
+        f"{row.ms:>8.2f} {row.bound_ms:>8.2f} {row.bound_by:>7} {row.flops / row.ms / 1e9:>7.0f} "
+        f"{row.bytes / row.ms / 1e9:>5.2f} {row.ms / row.bound_ms:>7.2f} {row.bound_ms / row.ms:>5.0%} "
+        f"{row.target:>6} {met(row):>4} {error:>7}"
+    )
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models", nargs="+", choices=[f.value for f in Family], default=[f.value for f in Family]
+    )
+    parser.add_argument("--prefill", nargs="+", type=int, default=[1024, 2048, 4096])
+    parser.add_argument("--decode", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph decode rows")
+    parser.add_argument("--compare-unfused", action="store_true", help="add rows with the torch layer code")
+    parser.add_argument("--profile", action="store_true", help="print kernel-time breakdowns")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
+    if not torch.cuda.is_available():
+        sys.exit("executor_speed needs a CUDA GPU")
+    args.decode = sorted(set(args.decode))
+    built = warm_up_kernels("cuda")
+    print(f"# FlashInfer kernels ready: {', '.join(f'{k} {v:.1f} s' for k, v in built.items())}")
+    print(
+        f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; roofline {GPU.tflops} TFLOP/s, "
+        f"{GPU.tb_per_s} TB/s; median of {args.repeats} after {args.warmup} warm-up"
+    )
+    rows = []
+    for name in args.models:
+        rows += bench_model(Family(name), args)
+        gc.collect()
+        torch.cuda.empty_cache()
+    print()
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([asdict(row) | {"met": met(row)} for row in rows], handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""CUDA graphs for decode-only microbatches: `GraphedModelRunner`, a drop-in for `ModelRunner`.
+
+A decode step forwards each item's block (32 rows, 33 for Dream, whose head reads one row to the left) against
+its cached KV. Its shape depends only on the number of items, so the whole model forward is captured once
+per batch bucket (1, 2, 4, ..., 64 items) and replayed from static input buffers: the microbatch is padded to
+the smallest bucket that holds it, and `forward` then costs one host-to-device copy, one FlashInfer `plan`
+(on host CSR arrays, into the graph wrapper's fixed device buffers) and one graph launch, instead of a
+thousand-odd kernel launches from Python.
+
+Padding items decode a block of token 0 whose K/V go to `DUMMY_PAGES` reserved pages and which attends to
+those pages only; the pages are taken from the worker's `PagePool` once, under the owner id `PADDING_OWNER`,
+so page accounting stays exact (the pool simply has two pages fewer to give). Padding rows never touch a
+real request's pages and every real row's result is independent of them (attention is per item, every other
+op per row).
+
+Microbatches with a prefill, with more items than the largest bucket, or any microbatch when graphs are
+disabled run eagerly through the wrapped `ModelRunner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from executor.attention import AttentionBackend, AttentionLayout, TorchAttention
+from executor.flashinfer_backend import WORKSPACE_BYTES, FlashInferAttention, supports
+from executor.forward import ModelRunner, PagedAttention
+from executor.kv_cache import KVSlots, PagedKVCache
+from executor.microbatch import ForwardItem, MicrobatchPlan, Phase
+from executor.models.config import ModelConfig
+from executor.models.transformer import Transformer
+from sangam.hardware import BLOCK, PAGE, pages_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PADDING_OWNER = -1  # the PagePool owner id of the pages padding items write to (request ids are >= 0)
+DUMMY_PAGES = pages_for(BLOCK)  # a padding item's 32 block rows fill exactly these pages
+_TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
+
+
+def default_buckets(config: ModelConfig) -> tuple[int, ...]:
+    """The decode batch sizes worth a graph for this model on an H200 (benchmarks/executor_speed.py).
+
+    In CUDA-graph mode FlashInfer sizes its query tile for the whole padded batch (128 rows once a bucket
+    holds three or more items), which wastes 3/4 of an MHA model's attention math on 32-row blocks: LLaDA-8B's
+    graphs win at 1-4 items (about 1.3-1.7x faster than eager), tie at 8 and lose from 16 on. With GQA
+    (Dream-7B, 7 query heads per KV head: 231 packed rows per item) the tile fits and graphs win up to 16
+    items and tie at 32.
+    """
+    return (1, 2, 4) if config.heads == config.kv_heads else DEFAULT_BUCKETS
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """Everything one batch size replays: static inputs, its attention backend, the graph and its output."""
+
+    size: int
+    static: Tensor  # (4, size * rows) int64 on the device: tokens, positions, slot pages, slot offsets
+    template: Tensor  # the same on the host, holding the padding values of all `size` items
+    plan: MicrobatchPlan  # views of `static` plus the constant write and head rows
+    backend: AttentionBackend
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: Tensor | None = None  # the graph's output, (size * BLOCK, vocab)
+
+
+class GraphedModelRunner:
+    """`ModelRunner.forward` with decode-only microbatches replayed from CUDA graphs.
+
+    Graphs are captured at construction (largest bucket first, sharing one memory pool) for `buckets`
+    (default: `default_buckets(config)`), which needs FlashInfer and fp16/bf16 on a CUDA device; elsewhere,
+    or with `enabled=False`, every microbatch runs eagerly and no page is reserved. `capture=False` keeps the
+    padded static path but runs it without graphs (debugging; it also runs on CPU). One graphed runner per
+    `PagePool` (the padding pages have one owner id); `close()` gives them back and drops the graphs.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        buckets: Sequence[int] | None = None,
+        enabled: bool = True,
+        capture: bool | None = None,
+        warmup: int = 2,
+    ) -> None:
+        self.runner = runner
+        self.buckets = tuple(
+            sorted(set(default_buckets(runner.model.config) if buckets is None else buckets))
+        )
+        if not self.buckets or self.buckets[0] < 1:
+            raise ValueError(f"buckets must be positive batch sizes, got {buckets}")
+        self.enabled = enabled
+        self.shift = runner.model.config.logit_shift
+        self.rows = BLOCK + self.shift  # query rows of one decode item
+        self.dummy_pages: list[int] = []
+        self.capture_seconds = 0.0
+        self._buckets: dict[int, _Bucket] = {}
+        self._workspace: Tensor | None = None
+        self.host_seconds: dict[str, float] = dict.fromkeys(("pack", "plan", "launch"), 0.0)
+        self.replays = 0
+        if enabled:
+            self._setup(capture, warmup)
+
+    @property
+    def model(self) -> Transformer:
+        return self.runner.model
+
+    @property
+    def cache(self) -> PagedKVCache:
+        return self.runner.cache
+
+    @property
+    def backend(self) -> AttentionBackend:
+        return self.runner.backend
+
+    @property
+    def captured(self) -> bool:
+        return any(bucket.graph is not None for bucket in self._buckets.values())
+
+    def bucket_for(self, items: Sequence[ForwardItem]) -> int | None:
+        """The bucket a microbatch replays in, or None when it runs eagerly."""
+        if not self._buckets or not items or len(items) > self.buckets[-1]:
+            return None
+        if any(item.phase is not Phase.DECODE for item in items):
+            return None
+        return next(size for size in self.buckets if size >= len(items))
+
+    @torch.inference_mode()
+    def forward(self, items: Sequence[ForwardItem]) -> Tensor:
+        """Logits (len(items), BLOCK, vocab), exactly `ModelRunner.forward`'s contract and result."""
+        size = self.bucket_for(items)
+        if size is None:
+            return self.runner.forward(items)
+        bucket, n = self._buckets[size], len(items)
+        start = time.perf_counter()
+        layout = self._pack(items, bucket)
+        packed = time.perf_counter()
+        bucket.backend.plan(layout)
+        planned = time.perf_counter()
+        if bucket.graph is not None and bucket.logits is not None:
+            bucket.graph.replay()
+            logits = bucket.logits
+        else:
+            logits = self._run(bucket)
+        # A copy: the graph's output buffer is overwritten by the next replay of any bucket.
+        result = logits[: n * BLOCK].view(n, BLOCK, -1).clone()
+        self.host_seconds["pack"] += packed - start
+        self.host_seconds["plan"] += planned - packed
+        self.host_seconds["launch"] += time.perf_counter() - planned
+        self.replays += 1
+        return result
+
+    def _pack(self, items: Sequence[ForwardItem], bucket: _Bucket) -> AttentionLayout:
+        """Copy the items' rows and KV slots into the bucket's static buffers; their padded attention layout.
+
+        The same rows, positions and slots `plan_microbatch` gives a decode, built with a handful of host ops
+        for the whole batch instead of a dozen per item.
+        """
+        n, rows, shift, size = len(items), self.rows, self.shift, bucket.size
+        host = bucket.template.clone()
+        packed = host[:, : n * rows].view(4, n, rows)
+        starts = [item.block_start - shift for item in items]
+        if min(starts) < 0:
+            raise ValueError("a shifted head needs a token left of the block")
+        for i, (item, first) in enumerate(zip(items, starts, strict=True)):
+            packed[_TOKENS, i] = item.tokens[first : first + rows]
+        first_rows = torch.tensor(starts)
+        packed[_POSITIONS] = first_rows[:, None] + torch.arange(rows)
+        tables = [self.cache.page_table(item.request_id) for item in items]
+        slot_pages = [
+            table[position // PAGE]
+            for item, table in zip(items, tables, strict=True)
+            for position in range(item.block_start, item.block_start + BLOCK)
+        ]
+        host[_SLOT_PAGES, : n * BLOCK] = torch.tensor(slot_pages)
+        host[_SLOT_OFFSETS, : n * BLOCK] = (
+            (first_rows + shift)[:, None] + torch.arange(BLOCK)
+        ).flatten() % PAGE
+        bucket.static.copy_(host, non_blocking=True)
+
+        counts = [pages_for(item.seq_len) for item in items]
+        if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
+            raise ValueError("a page table holds fewer pages than its KV length needs")
+        pad = size - n
+        indptr = [0]
+        for count in counts:
+            indptr.append(indptr[-1] + count)
+        for _ in range(pad):
+            indptr.append(indptr[-1] + DUMMY_PAGES)
+        pages = [page for table, count in zip(tables, counts, strict=True) for page in table[:count]]
+        last = [item.seq_len - (count - 1) * PAGE for item, count in zip(items, counts, strict=True)]
+        return AttentionLayout(
+            qo_indptr=bucket.plan.layout.qo_indptr,
+            kv_indptr=torch.tensor(indptr, dtype=torch.int32),
+            kv_indices=torch.tensor(pages + self.dummy_pages * pad, dtype=torch.int32),
+            kv_last_page_len=torch.tensor(last + [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad, dtype=torch.int32),
+        )
+
+    def host_milliseconds(self, reset: bool = True) -> dict[str, float]:
+        """Mean host time per replay spent packing, in FlashInfer's plan, and launching (graph plus copy)."""
+        mean = {key: value / max(self.replays, 1) * 1e3 for key, value in self.host_seconds.items()}
+        if reset:
+            self.host_seconds = dict.fromkeys(self.host_seconds, 0.0)
+            self.replays = 0
+        return mean
+
+    def close(self) -> None:
+        """Drop the graphs and give the padding pages back to the pool."""
+        self._buckets.clear()
+        self._workspace = None
+        if self.dummy_pages:
+            self.cache.pool.release(PADDING_OWNER)
+            self.dummy_pages = []
+
+    # -- construction -----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _setup(self, capture: bool | None, warmup: int) -> None:
+        device, dtype = self.model.device, self.model.dtype
+        graphable = supports(device, dtype) and supports(device, self.cache.layers[0].dtype)
+        if capture is None and not graphable:
+            log.info(
+                "no CUDA graphs without FlashInfer and fp16/bf16 on a CUDA device: every forward is eager"
+            )
+            return
+        capture = graphable if capture is None else capture
+        if capture and not graphable:
+            raise ValueError("capturing decode graphs needs FlashInfer and fp16/bf16 on a CUDA device")
+        self.dummy_pages = self.cache.pool.allocate(PADDING_OWNER, DUMMY_PAGES)
+        pages = torch.tensor(self.dummy_pages, device=device)
+        for layer in self.cache.layers:  # padding attends to these before any real K/V: keep them finite
+            layer.index_fill_(0, pages, 0)
+        start = time.perf_counter()
+        self._workspace = (
+            torch.empty(self._workspace_bytes(self.buckets[-1]), dtype=torch.uint8, device=device)
+            if graphable
+            else None
+        )
+        pool = torch.cuda.graph_pool_handle() if capture else None
+        for size in reversed(self.buckets):  # largest first: later graphs reuse its pool memory
+            bucket = self._bucket(size, graphable)
+            if capture:
+                self._capture(bucket, pool, warmup)
+            self._buckets[size] = bucket
+        if capture:
+            torch.cuda.synchronize(device)
+        self.capture_seconds = time.perf_counter() - start
+        log.info("decode graphs for buckets %s ready in %.1f s", self.buckets, self.capture_seconds)
+
+    def _bucket(self, size: int, flashinfer: bool) -> _Bucket:
+        device, rows = self.model.device, self.rows
+        item = torch.arange(size)[:, None] * rows
+        block = torch.arange(BLOCK)
+        template = torch.zeros(4, size * rows, dtype=torch.long)  # tokens 0 at position 0
+        template[_SLOT_PAGES, : size * BLOCK] = (
+            torch.tensor(self.dummy_pages).repeat_interleave(PAGE).repeat(size)
+        )
+        template[_SLOT_OFFSETS, : size * BLOCK] = (block % PAGE).repeat(size)
+        template[_SLOT_PAGES, size * BLOCK :] = self.dummy_pages[0]
+        static = template.to(device)
+        plan = MicrobatchPlan(
+            tokens=static[_TOKENS],
+            positions=static[_POSITIONS],
+            layout=self._padding_layout(size),
+            write_rows=(item + self.shift + block).flatten().to(device),
+            slots=KVSlots(static[_SLOT_PAGES, : size * BLOCK], static[_SLOT_OFFSETS, : size * BLOCK]),
+            head_rows=(item + block).flatten().to(device),
+        )
+        backend: AttentionBackend
+        if flashinfer:
+            backend = FlashInferAttention.for_model(
+                self.model.config,
+                dtype=self.model.dtype,
+                kv_dtype=self.cache.layers[0].dtype,
+                device=device,
+                workspace=self._workspace,
+                cuda_graph_batch=size,
+                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size,
+            )
+        else:
+            backend = TorchAttention()
+        return _Bucket(size, static, template, plan, backend)
+
+    def _workspace_bytes(self, size: int) -> int:
+        """FlashInfer's float workspace for a graph of `size` items, an upper bound of what `plan` takes.
+
+        In CUDA-graph mode FlashInfer always splits KV and sizes its partial outputs for a padded number of
+        work tiles, heads * tiles * cta_tile_q * (head_dim + 1) fp32 values: over 128 MiB (the eager
+        workspace) for Dream at 32 items.
+        """
+        config = self.model.config
+        group = config.heads // config.kv_heads
+        sms = torch.cuda.get_device_properties(self.model.device).multi_processor_count
+        need = 0
+        for tile in (16, 64, 128):  # FlashInfer picks the CTA tile from the rows: take the worst
+            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * group // tile) + size - 1)
+            need = max(need, config.heads * tiles * tile * (config.head_dim + 1) * 4)
+        return max(need + (16 << 20), WORKSPACE_BYTES)
+
+    def _padding_layout(self, size: int) -> AttentionLayout:
+        """`size` padding items, each a block of 32 positions over the dummy pages."""
+        return AttentionLayout(
+            qo_indptr=torch.arange(size + 1, dtype=torch.int32) * self.rows,
+            kv_indptr=torch.arange(size + 1, dtype=torch.int32) * DUMMY_PAGES,
+            kv_indices=torch.tensor(self.dummy_pages * size, dtype=torch.int32),
+            kv_last_page_len=torch.full((size,), BLOCK - (DUMMY_PAGES - 1) * PAGE, dtype=torch.int32),
+        )
+
+    def _run(self, bucket: _Bucket) -> Tensor:
+        plan = bucket.plan
+        attend = PagedAttention(self.cache, bucket.backend, plan)
+        return self.model(plan.tokens, plan.positions, attend, plan.head_rows)
+
+    def _capture(self, bucket: _Bucket, pool: Any, warmup: int) -> None:
+        bucket.static.copy_(bucket.template)
+        bucket.backend.plan(bucket.plan.layout)  # all padding: capture touches the dummy pages only
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture: lazy allocations, autotuning, caches
+            for _ in range(warmup):
+                self._run(bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            bucket.logits = self._run(bucket)
+        bucket.graph = graph

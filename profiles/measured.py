@@ -12,6 +12,7 @@ compute or host time. A derived profile for another GPU scales only the bandwidt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from profiles.shapes import Shape
@@ -45,8 +46,9 @@ class Features:
     context: float
 
     @staticmethod
-    def of(shape: Shape, graphs: bool) -> Features:
-        bucket = shape.graph_bucket if graphs else 0
+    def of(shape: Shape, buckets: Sequence[int]) -> Features:
+        """`buckets`: the decode batch sizes the worker replays as CUDA graphs (empty: none)."""
+        bucket = shape.graph_bucket(buckets)
         queries = BLOCK * (bucket or len(shape.decodes))
         return Features(
             graph=1.0 if bucket else 0.0,
@@ -73,13 +75,13 @@ def predict(c: Coefficients, f: Features) -> float:
 
 
 class MeasuredCostModel:
-    """`CostModel` from fitted coefficients; `graphs` says whether decode-only batches replay graphs."""
+    """`CostModel` from fitted coefficients; `buckets`: decode batch sizes replayed as CUDA graphs."""
 
-    def __init__(self, coefficients: Coefficients, graphs: bool = True) -> None:
+    def __init__(self, coefficients: Coefficients, buckets: Sequence[int] = ()) -> None:
         self.coefficients = coefficients
-        self.graphs = graphs
+        self.buckets = tuple(buckets)
 
     def seconds(self, mb: Microbatch) -> float:
         if mb.empty:
             return self.coefficients.overhead
-        return predict(self.coefficients, Features.of(Shape.of(mb), self.graphs))
+        return predict(self.coefficients, Features.of(Shape.of(mb), self.buckets))

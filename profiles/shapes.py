@@ -6,20 +6,11 @@ positions), joined by `;`: the `items` column of profile data and of live iterat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
-
-GRAPH_BUCKETS = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    32,
-    64,
-)  # decode-only batch sizes replayed as CUDA graphs (executor.cuda_graphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +39,8 @@ class Shape:
     def format(self) -> str:
         return ";".join([*(f"p:{s}:{s}" for s in self.prefills), *(f"d:{BLOCK}:{c}" for c in self.decodes)])
 
-    @property
-    def graph_bucket(self) -> int:
-        """The padded batch a CUDA graph replays (decode-only, up to 64), else 0 (eager)."""
+    def graph_bucket(self, buckets: Sequence[int]) -> int:
+        """The padded batch a CUDA graph replays (decode-only, within `buckets`), else 0 (eager)."""
         if self.prefills or not self.decodes:
             return 0
-        return next((b for b in GRAPH_BUCKETS if b >= len(self.decodes)), 0)
+        return next((b for b in sorted(buckets) if b >= len(self.decodes)), 0)

@@ -2,7 +2,7 @@
 
 `profiles/data/<gpu>/<model>.csv` holds measured iterations (`items`, `seconds`, ...);
 `<model>.meta.json` what they were measured on (GPU, versions, grid, KV pages of the live worker,
-whether decode-only batches replay CUDA graphs); `<model>.fit.json` the fitted coefficients and
+the decode batch sizes replayed as CUDA graphs); `<model>.fit.json` the fitted coefficients and
 their held-out error, cached by the hash of the CSV. A GPU without data of its own takes a profile
 derived from one that has it, marked `derived` (H100 from H200: bandwidth-bound terms scaled).
 """
@@ -36,7 +36,11 @@ class Profile:
     derived_from: str | None = None
 
     def cost_model(self) -> MeasuredCostModel:
-        return MeasuredCostModel(self.coefficients, graphs=bool(self.meta.get("cuda_graphs", True)))
+        return MeasuredCostModel(self.coefficients, self.buckets)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(self.meta.get("graph_buckets", ()))
 
     @property
     def kv_pages(self) -> int | None:
@@ -85,8 +89,8 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
         cached = json.loads(cache.read_text())
         if cached.get("data_sha256") == digest:
             return Coefficients(**cached["coefficients"]), cached
-    graphs = bool(meta.get("cuda_graphs", True))
-    samples = [Sample(Features.of(shape, graphs), seconds) for shape, seconds in read_samples(data)]
+    buckets = tuple(meta.get("graph_buckets", ()))
+    samples = [Sample(Features.of(shape, buckets), seconds) for shape, seconds in read_samples(data)]
     report = {**fit(samples).as_dict(), "data_sha256": digest}
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return Coefficients(**report["coefficients"]), report

@@ -14,6 +14,7 @@ from profiles.measured import Coefficients, Features, predict
 from profiles.shapes import Shape
 from profiles.store import load_profile, paths
 
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TRUE = Coefficients(
     overhead=2e-3, graph=-1e-3, per_item=4e-5, per_token=2e-5, per_square=1e-9, per_context=1.7e-7, knee=256.0
 )
@@ -32,7 +33,7 @@ def samples(noise: float, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for shape in grid(rng):
-        f = Features.of(shape, graphs=True)
+        f = Features.of(shape, buckets=BUCKETS)
         out.append(Sample(f, predict(TRUE, f) * rng.gauss(1.0, noise)))
     return out
 
@@ -41,15 +42,16 @@ def test_shape_items_round_trip() -> None:
     shape = Shape((1819, 900), (1819, 2000))
     assert Shape.parse(shape.format()) == shape
     assert shape.format() == "p:1819:1819;p:900:900;d:32:1819;d:32:2000"
-    assert Shape((), (5,) * 3).graph_bucket == 4 and Shape((1,), (5,)).graph_bucket == 0
+    assert Shape((), (5,) * 3).graph_bucket(BUCKETS) == 4 and Shape((1,), (5,)).graph_bucket(BUCKETS) == 0
+    assert Shape((), (5,) * 5).graph_bucket((1, 2, 4)) == 0
     with pytest.raises(ValueError, match="bad iteration item"):
         Shape.parse("x:1:1")
 
 
 def test_features_count_graph_padding() -> None:
-    f = Features.of(Shape((), (1000,) * 3), graphs=True)
+    f = Features.of(Shape((), (1000,) * 3), buckets=BUCKETS)
     assert f.tokens == 4 * 32 and f.graph == 1.0 and f.context == 3000
-    assert Features.of(Shape((), (1000,) * 3), graphs=False).tokens == 3 * 32
+    assert Features.of(Shape((), (1000,) * 3), buckets=()).tokens == 3 * 32
 
 
 def test_fit_recovers_the_generating_model() -> None:
@@ -68,8 +70,8 @@ def test_derived_profile_scales_only_bandwidth_terms() -> None:
     slower = TRUE.derived(4.8 / 3.35)
     assert slower.per_token == TRUE.per_token and slower.per_square == TRUE.per_square
     assert slower.per_context == pytest.approx(TRUE.per_context * 4.8 / 3.35)
-    decode = Features.of(Shape((), (1819,)), graphs=True)
-    prefill = Features.of(Shape((8192,), ()), graphs=True)
+    decode = Features.of(Shape((), (1819,)), buckets=BUCKETS)
+    prefill = Features.of(Shape((8192,), ()), buckets=BUCKETS)
     assert predict(slower, decode) > 1.2 * predict(TRUE, decode)
     assert predict(slower, prefill) == pytest.approx(predict(TRUE, prefill), rel=0.01)
 
@@ -82,12 +84,12 @@ def write_profile(root: Path, model: str, gpu: str) -> None:
         writer.writerow(["items", "seconds"])
         for s in samples(noise=0.01):
             writer.writerow([shape_of(s).format(), s.seconds])
-    meta.write_text(json.dumps({"gpu": gpu, "model": model, "cuda_graphs": True, "kv_pages": 1234}))
+    meta.write_text(json.dumps({"gpu": gpu, "model": model, "graph_buckets": BUCKETS, "kv_pages": 1234}))
 
 
 def shape_of(sample: Sample) -> Shape:
     for shape in grid(random.Random(0)):
-        if Features.of(shape, graphs=True) == sample.features:
+        if Features.of(shape, buckets=BUCKETS) == sample.features:
             return shape
     raise AssertionError("sample not on the grid")
 

@@ -54,11 +54,22 @@ def paths(model: str, gpu: str, root: Path = DATA) -> tuple[Path, Path, Path]:
 
 
 def read_samples(path: Path) -> list[tuple[Shape, float]]:
-    """(shape, seconds) of every measured iteration in a profile CSV or a live iteration log."""
+    """(shape, seconds) of every measured iteration in a profile CSV or a live iteration log
+    (whose iterations last from `start` to `end`, host work included, like a profile's)."""
     with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        column = "seconds" if "seconds" in (reader.fieldnames or []) else "gpu_s"
-        return [(Shape.parse(row["items"]), float(row[column])) for row in reader if row["items"]]
+        rows = list(csv.DictReader(f))
+    if rows and "seconds" not in rows[0] and not {"items", "start", "end"} <= set(rows[0]):
+        raise ValueError(
+            f"{path}: neither a profile (items, seconds) nor a live iteration log (items, start, end)"
+        )
+    return [
+        (
+            Shape.parse(row["items"]),
+            float(row["seconds"]) if "seconds" in row else float(row["end"]) - float(row["start"]),
+        )
+        for row in rows
+        if row["items"]
+    ]
 
 
 def load_profile(model: str, gpu: str, root: Path = DATA) -> Profile | None:
@@ -94,3 +105,14 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
     report = {**fit(samples).as_dict(), "data_sha256": digest}
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return Coefficients(**report["coefficients"]), report
+
+
+def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
+    """Append the iterations of live logs to a profile's data (its fit is redone on next load)."""
+    data, meta, _ = paths(model, gpu, root)
+    if not meta.exists():
+        raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
+    samples = [sample for log in logs for sample in read_samples(log)]
+    with data.open("a", newline="") as f:
+        csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
+    return len(samples)

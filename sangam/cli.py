@@ -11,6 +11,7 @@ from typing import Any
 
 from sangam.batcher import Policy
 from sangam.config import RunConfig
+from sangam.cost import CostModel
 
 DEFAULTS = RunConfig()
 
@@ -78,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--link-gbps", type=positive_float, default=100.0, help="KV link bandwidth, GB/s")
     sim.add_argument("--link-latency-ms", type=float, default=1.0, help="KV link latency, ms")
     sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    sim.add_argument(
+        "--cost",
+        choices=["profile", "analytic"],
+        default="profile",
+        help="iteration times: the measured (or derived) profile of --model on --gpu, else analytic",
+    )
     sim.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")
     sim.add_argument("--iteration-log", type=Path, help="write one CSV row per worker iteration")
 
@@ -85,6 +92,30 @@ def build_parser() -> argparse.ArgumentParser:
     from executor.live import add_live_arguments
 
     add_live_arguments(live)
+
+    profile = commands.add_parser(
+        "profile", help="measure iteration times of our worker on this GPU and fit them"
+    )
+    profile.add_argument("--model", default="llada-8b", help="llada-8b or dream-7b")
+    profile.add_argument("--gpu", default="h200", help="the GPU being profiled (names the data file)")
+    profile.add_argument("--weights", default="random", help="'random' or a local HF checkpoint directory")
+    profile.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    profile.add_argument("--repeats", type=positive_int, default=5)
+    profile.add_argument("--from-log", type=Path, nargs="+", help="refit from live iteration logs instead")
+    profile.add_argument("--out", type=Path, help="profile data root (default: the shipped profiles/data)")
+
+    validate = commands.add_parser("validate", help="run one trace live and simulated; report the errors")
+    validate.add_argument("--mode", default="colocated")
+    validate.add_argument("--model", default="llada-8b")
+    validate.add_argument("--gpu", default="h200")
+    validate.add_argument("--gpus", type=positive_int, default=1)
+    validate.add_argument("--num-requests", type=positive_int, default=300)
+    validate.add_argument(
+        "--qps", type=positive_float, nargs="+", help="loads (default: 30/60/90%% of the knee)"
+    )
+    validate.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    validate.add_argument("--out", type=Path, default=Path("results/validate"), help="run directories")
+    validate.add_argument("--report", type=Path, help="report JSON (default: benchmarks/results/...)")
 
     trace = commands.add_parser("trace", help="write a synthetic trace file")
     trace.add_argument("--dataset", choices=["sharegpt", "arxiv"], default="sharegpt")
@@ -104,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from executor.live import run_live
 
             return run_live(args)
+        if args.command == "profile":
+            return run_profile(args)
+        if args.command == "validate":
+            from profiles.validate import run_validate
+
+            return run_validate(args)
         return run_trace(args)
     except (UsageError, ValueError, OSError) as err:
         print(f"sangam: error: {err}", file=sys.stderr)
@@ -122,6 +159,7 @@ def run_config(args: argparse.Namespace, qps: float) -> RunConfig:
 
 def run_sim(args: argparse.Namespace) -> int:
     from profiles.analytic import AnalyticCostModel
+    from profiles.store import load_profile
     from sangam.config import synthetic_rows, with_arrival_times
     from sangam.hardware import lookup_gpu
     from sangam.progress import empirical, parse_progress
@@ -134,13 +172,21 @@ def run_sim(args: argparse.Namespace) -> int:
     rates = [q for group in args.qps for q in group]
     if not rates:
         raise UsageError("--qps needs at least one positive rate")
+    profile = load_profile(args.model, args.gpu) if args.cost == "profile" else None
+    if profile is not None and args.pages is None and profile.kv_pages is not None:
+        args.pages = profile.kv_pages  # what the live worker has for the same model and GPU
     configs = [run_config(args, q) for q in rates]
     progress = None
     if args.progress:
         kind, _, path = args.progress.partition(":")
         progress = empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(args.progress)
     file_rows = None if configs[0].is_synthetic else read_trace(Path(args.trace))
-    cost = AnalyticCostModel(configs[0].model_spec, lookup_gpu(configs[0].gpu))
+    if profile is None:
+        cost: CostModel = AnalyticCostModel(configs[0].model_spec, lookup_gpu(configs[0].gpu))
+        cost_name = "analytic"
+    else:
+        cost = profile.cost_model()
+        cost_name = f"derived from {profile.derived_from}" if profile.derived_from else "measured"
     link = LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
     results = []
     for cfg in configs:
@@ -151,6 +197,7 @@ def run_sim(args: argparse.Namespace) -> int:
         result = simulate(
             cfg, rows, cost, progress=progress, link=link, log_iterations=bool(args.iteration_log)
         )
+        result.summary["cost_model"] = cost_name
         results.append(result)
         several = len(configs) > 1
         if args.out:
@@ -162,6 +209,30 @@ def run_sim(args: argparse.Namespace) -> int:
             path = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}") if several else log
             write_csv(path, ITERATION_COLUMNS, result.iterations)
     print_sim_table([r.summary for r in results])
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from profiles.store import DATA, load_profile, merge_log
+
+    root = args.out or DATA
+    if args.from_log:
+        merge_log(args.model, args.gpu, args.from_log, root)
+    else:
+        from profiles.runner import run_profile as measure
+
+        data, _ = measure(
+            args.model, args.gpu, root, weights=args.weights, graphs=args.cuda_graphs, repeats=args.repeats
+        )
+        print(f"wrote {data}")
+    profile = load_profile(args.model, args.gpu, root)
+    assert profile is not None
+    r = profile.report
+    print(
+        f"{args.model} on {args.gpu}: {r['train_points']} points fitted, {r['heldout_points']} held out: "
+        f"MAPE {r['heldout_mape']:.2f}%, P90 {r['heldout_p90']:.2f}%, max {r['heldout_max']:.2f}% "
+        f"(K-fold MAPE {r['cv_mape']:.2f}%)"
+    )
     return 0
 
 

@@ -1,0 +1,161 @@
+"""`sangam profile`: time our real worker's iterations over a grid of microbatch shapes.
+
+Each point builds the microbatch in a fresh worker `Engine` (the live worker's own batcher,
+model, paged KV cache, FlashInfer attention, CUDA graphs and sampler), runs `Engine.step()`
+and takes the median wall time of the timed repeats after warm-up: exactly the iteration a
+live worker runs, host work included. Decodes are seated with pages of their own (their KV
+content does not change the time); prefills run for real.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.kv_cache import PagedKVCache
+from executor.sampler import SamplingParams
+from executor.worker import Engine, Job, build_model, build_runner
+from profiles.shapes import Shape
+from sangam.batcher import BatchConfig, Batcher, Policy
+from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model, pages_for
+from sangam.kv import PagePool
+from sangam.request import Request
+
+PREFILLS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (256, 1024, 1819, 3072, 4608)
+
+
+def grid(capacity: int) -> list[Shape]:
+    """Prefill, decode-only (even and skewed contexts) and mixed shapes that fit `capacity` pages."""
+    shapes = [Shape((s,), ()) for s in PREFILLS]
+    shapes += [Shape((s // 2, s // 2), ()) for s in (1024, 2048, 4096, 8192)] + [Shape((3000, 1000), ())]
+    shapes += [Shape((), (c,) * b) for b in BATCHES for c in CONTEXTS]
+    shapes += [Shape((), (300, 4000) * (b // 2)) for b in (4, 16, 48)]
+    shapes += [Shape((s,), (1819,) * b) for b in (1, 4, 8, 16, 32) for s in (1024, 2048, 4096)]
+    shapes += [Shape((1819, 1819), (1819,) * b) for b in (4, 16)]
+    return [s for s in shapes if sum(pages_for(n) for n in (*s.prefills, *s.decodes)) <= capacity]
+
+
+class Profiler:
+    """One worker's engine parts, reused across grid points."""
+
+    def __init__(self, model: str, weights: str, pages: int, graphs: bool, device: torch.device) -> None:
+        self.model = build_model(model, weights, device, seed=0)
+        self.pool = PagePool(pages)
+        cache = PagedKVCache.for_model(self.pool, self.model.config, dtype=self.model.dtype, device=device)
+        self.runner = build_runner(self.model, cache, cuda_graphs=graphs)
+        self.kv_pages = self.pool.num_free  # what the live worker registers
+        self.buckets = tuple(getattr(self.runner, "buckets", ())) if graphs else ()
+        self._ids = iter(range(1 << 62))
+
+    def time(self, shape: Shape, warmup: int, repeats: int) -> float:
+        """Median seconds of `Engine.step()` on this shape."""
+        times = [self._step(shape) for _ in range(warmup + repeats)]
+        return statistics.median(times[warmup:])
+
+    def _step(self, shape: Shape) -> float:
+        batcher = Batcher(0, BatchConfig(Policy.PREFILL_FIRST, max_decodes=1 << 10), self.pool)
+        engine = Engine(0, self.model, batcher, self.runner)
+        for context in shape.decodes:
+            job = self._job(context)
+            self.pool.allocate(job.req.id, job.req.pages)
+            job.req.step = 1
+            batcher.add_decode(job.req)
+            engine.jobs[job.req.id] = job
+        for length in shape.prefills:
+            job = self._job(length)
+            batcher.add_prefill(job.req)
+            engine.jobs[job.req.id] = job
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()  # ends with the committed tokens on the host: synchronised
+        seconds = time.perf_counter() - start
+        for rid in engine.jobs:
+            if self.pool.holds(rid):
+                self.pool.release(rid)
+        return seconds
+
+    def _job(self, seq_len: int) -> Job:
+        """One request whose current block is its last 32 positions, planned to take 32 forwards."""
+        rid = next(self._ids)
+        config = self.model.config
+        tokens = torch.randint(0, config.mask_id, (seq_len,), dtype=torch.long)
+        tokens[-BLOCK:] = config.mask_id
+        req = Request(rid, 0.0, seq_len - BLOCK, BLOCK, BLOCK, (BLOCK,))
+        return Job(req, 0, seq_len - BLOCK, tokens, SamplingParams(seed=rid), BLOCK)
+
+
+def run_profile(
+    model: str, gpu: str, out: Path, *, weights: str = "random", graphs: bool = True, repeats: int = 5
+) -> tuple[Path, Path]:
+    """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json`."""
+    if not torch.cuda.is_available():
+        raise ValueError("sangam profile needs a CUDA GPU")
+    started = time.time()
+    pages = kv_pages(lookup_model(model), lookup_gpu(gpu))
+    profiler = Profiler(model, weights, pages, graphs, torch.device("cuda"))
+    shapes = grid(profiler.kv_pages)
+    rows = [(shape.format(), profiler.time(shape, warmup=2, repeats=repeats)) for shape in shapes]
+    data = out / gpu / f"{model}.csv"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    with data.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["items", "seconds"])
+        writer.writerows((items, f"{seconds:.6e}") for items, seconds in rows)
+    meta = data.with_suffix(".meta.json")
+    meta.write_text(
+        json.dumps(metadata(model, gpu, weights, profiler, len(shapes), repeats, started), indent=2)
+    )
+    return data, meta
+
+
+def metadata(
+    model: str, gpu: str, weights: str, profiler: Profiler, points: int, repeats: int, started: float
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "gpu": gpu,
+        "device_name": torch.cuda.get_device_name(),
+        "weights": weights,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "flashinfer": _version("flashinfer"),
+        "python": platform.python_version(),
+        "code_version": _code_version(),
+        "date": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "grid": {"points": points, "prefills": PREFILLS, "batches": BATCHES, "contexts": CONTEXTS},
+        "timing": f"median of {repeats} Engine.step() wall times after 2 warm-ups",
+        "kv_pages": profiler.kv_pages,
+        "graph_buckets": list(profiler.buckets),
+        "measured_seconds": round(time.time() - started, 1),
+    }
+
+
+def _version(module: str) -> str | None:
+    try:
+        return str(__import__(module).__version__)
+    except ImportError:
+        return None
+
+
+def _code_version() -> str:
+    """The package version and a hash of the worker's sources: what a profile is only valid for."""
+    import hashlib
+
+    from sangam import __version__
+
+    root = Path(__file__).parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("executor/**/*.py"), *root.glob("sangam/*.py")]):
+        digest.update(path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:12]}"

@@ -1,0 +1,50 @@
+"""The calibration runner on CPU with the tiny model, and refitting from a live log."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+from profiles.runner import Profiler, grid
+from profiles.shapes import Shape
+from profiles.store import merge_log, paths, read_samples
+from profiles.validate import compare
+
+
+def test_grid_fits_the_pool() -> None:
+    small = grid(capacity=400)
+    assert small and all(sum(-(-n // 16) for n in (*s.prefills, *s.decodes)) <= 400 for s in small)
+    assert len(grid(capacity=1 << 20)) > len(small) >= 20
+    assert any(s.prefills and s.decodes for s in grid(1 << 20))  # mixed shapes
+
+
+def test_profiler_times_real_engine_steps_and_returns_every_page() -> None:
+    torch.set_num_threads(1)
+    profiler = Profiler("tiny-llada", "random", 512, graphs=False, device=torch.device("cpu"))
+    for shape in (Shape((100,), ()), Shape((), (200, 300, 64)), Shape((128,), (96, 96))):
+        assert profiler.time(shape, warmup=1, repeats=2) > 0
+        assert profiler.pool.num_used == 0
+    assert profiler.kv_pages == 512 and profiler.buckets == ()
+
+
+def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
+    data, meta, _ = paths("llada-8b", "h200", tmp_path)
+    data.parent.mkdir(parents=True)
+    data.write_text("items,seconds\np:100:100,0.01\n")
+    meta.write_text(json.dumps({"graph_buckets": [1, 2, 4]}))
+    log = tmp_path / "iterations.csv"
+    with log.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["worker", "start", "end", "gpu_s", "items"])
+        writer.writerow([0, 1.0, 1.25, 0.2, "d:32:1819;d:32:900"])
+    assert merge_log("llada-8b", "h200", [log], tmp_path) == 1
+    assert read_samples(data)[-1] == (Shape((), (1819, 900)), 0.25)
+
+
+def test_compare_gives_signed_percent_errors() -> None:
+    live = {"mean_e2el_ms": 1000.0, "p99_e2el_ms": 2000.0, "mean_queue_ms": 0.0}
+    sim = {"mean_e2el_ms": 1100.0, "p99_e2el_ms": 1900.0, "mean_queue_ms": 5.0}
+    assert compare(live, sim) == {"mean_e2el_ms": 10.0, "p99_e2el_ms": -5.0}

@@ -1,9 +1,11 @@
 """Fit the measured iteration-time model and report its held-out error.
 
-The knee of the linear term is found by a search over candidate values; for each, the other
+Candidates differ in which terms they use and in the knee of the linear term; for each, the
 coefficients come from least squares on relative error (rows divided by their measured time),
-dropping any term that would come out negative. Candidates are compared by K-fold held-out
-mean absolute percentage error, and a final 80/20 split gives the reported held-out figures.
+dropping any physical term that would come out negative (the CUDA-graph terms may be negative:
+a replay saves host time). The candidate with the lowest K-fold cross-validated mean absolute
+percentage error wins; its cross-validation errors (every point predicted by a fit that did
+not see it) are the reported held-out figures, and the final coefficients use every point.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ import numpy as np
 
 from profiles.measured import TERMS, Coefficients, Features, predict
 
+SIGNED = ("graph", "per_graph_item")  # may be negative
+CANDIDATES = {  # name -> terms it may use
+    "shared": tuple(t for t in TERMS if t != "per_graph_item"),
+    "graph-items": TERMS,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -28,12 +36,12 @@ class Sample:
 @dataclass(frozen=True, slots=True)
 class FitReport:
     coefficients: Coefficients
-    train_points: int
-    heldout_points: int
-    heldout_mape: float  # percent
+    candidate: str
+    points: int
+    folds: int
+    heldout_mape: float  # percent, over every point held out once
     heldout_p90: float  # percent, 90th percentile of absolute percentage error
     heldout_max: float
-    cv_mape: float  # K-fold, on the chosen knee
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -41,15 +49,15 @@ class FitReport:
         return out
 
 
-def solve(samples: Sequence[Sample], knee: float) -> Coefficients:
-    """Non-negative (except the graph term) relative least squares for a fixed knee."""
+def solve(samples: Sequence[Sample], knee: float, terms: Sequence[str] = TERMS) -> Coefficients:
+    """Relative least squares for a fixed knee over `terms`; physical terms kept non-negative."""
     x = np.array([s.features.row(knee) for s in samples])
     y = np.array([s.seconds for s in samples])
     w = 1.0 / y
-    active = [i for i, term in enumerate(TERMS) if x[:, i].any() or term == "overhead"]
+    active = [i for i, term in enumerate(TERMS) if term in terms and (x[:, i].any() or term == "overhead")]
     while True:
         coef, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-        negative = [a for a, c in zip(active, coef, strict=True) if c < 0 and TERMS[a] != "graph"]
+        negative = [a for a, c in zip(active, coef, strict=True) if c < 0 and TERMS[a] not in SIGNED]
         if not negative:
             break
         active.remove(min(negative, key=lambda a: coef[active.index(a)]))
@@ -65,35 +73,37 @@ def errors(c: Coefficients, samples: Sequence[Sample]) -> list[float]:
 
 
 def _knees(samples: Sequence[Sample]) -> list[float]:
-    tokens = sorted({s.features.tokens for s in samples})
-    top = max(tokens[-1], 64.0)
+    top = max(max(s.features.tokens for s in samples), 64.0)
     return [0.0, *(float(round(32 * 2 ** (i / 4))) for i in range(int(4 * math.log2(top / 32)) + 1))]
 
 
-def _cv_mape(samples: Sequence[Sample], knee: float, folds: int, rng: random.Random) -> float:
-    order = list(range(len(samples)))
-    rng.shuffle(order)
+def _cross_validate(
+    samples: Sequence[Sample], knee: float, terms: Sequence[str], order: list[int], folds: int
+) -> list[float]:
     errs: list[float] = []
     for k in range(folds):
         test = [samples[i] for i in order[k::folds]]
         train = [samples[i] for j, i in enumerate(order) if j % folds != k]
-        errs += errors(solve(train, knee), test)
-    return sum(errs) / len(errs)
+        errs += errors(solve(train, knee, terms), test)
+    return errs
 
 
-def fit(samples: Sequence[Sample], seed: int = 0, folds: int = 5) -> FitReport:
-    """Choose the knee by K-fold error on 80% of the points; report on the held-out 20%."""
-    if len(samples) < 10 * folds:
-        raise ValueError(f"need at least {10 * folds} measured iterations to fit, got {len(samples)}")
-    rng = random.Random(seed)
+def fit(samples: Sequence[Sample], seed: int = 0, folds: int = 10) -> FitReport:
+    """Choose terms and knee by K-fold held-out error; refit the winner on every point."""
+    if len(samples) < 5 * folds:
+        raise ValueError(f"need at least {5 * folds} measured iterations to fit, got {len(samples)}")
     order = list(range(len(samples)))
-    rng.shuffle(order)
-    cut = len(order) // 5
-    heldout = [samples[i] for i in order[:cut]]
-    train = [samples[i] for i in order[cut:]]
-    scored = [(_cv_mape(train, knee, folds, random.Random(seed)), knee) for knee in _knees(train)]
-    cv, knee = min(scored)
-    coefficients = solve(train, knee)
-    errs = sorted(errors(coefficients, heldout))
+    random.Random(seed).shuffle(order)
+    best: tuple[float, str, float, list[float]] | None = None
+    for name, terms in CANDIDATES.items():
+        for knee in _knees(samples):
+            errs = _cross_validate(samples, knee, terms, order, folds)
+            mape = sum(errs) / len(errs)
+            if best is None or mape < best[0]:
+                best = (mape, name, knee, errs)
+    assert best is not None
+    mape, name, knee, errs = best
+    errs = sorted(errs)
     p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
-    return FitReport(coefficients, len(train), len(heldout), sum(errs) / len(errs), p90, errs[-1], cv)
+    coefficients = solve(samples, knee, CANDIDATES[name])
+    return FitReport(coefficients, name, len(samples), folds, mape, p90, errs[-1])

@@ -1,6 +1,6 @@
 """The iteration-time model fitted to measurements of our own worker.
 
-    seconds = overhead + graph * graph_saving + per_item * items
+    seconds = overhead + graph * graph_saving + (per_item + graph * per_graph_item) * items
               + per_token * max(tokens, knee)    # linear layers: compute, or the weight-read floor
               + per_square * sum(S^2)             # non-causal prefill attention
               + per_context * sum(C)              # decode attention reading the cached K and V
@@ -19,14 +19,15 @@ from profiles.shapes import Shape
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
 
-TERMS = ("overhead", "graph", "per_item", "per_token", "per_square", "per_context")
+TERMS = ("overhead", "graph", "per_item", "per_graph_item", "per_token", "per_square", "per_context")
 
 
 @dataclass(frozen=True, slots=True)
 class Coefficients:
     overhead: float
     graph: float  # added to CUDA-graph (decode-only) iterations; negative: what a graph saves
-    per_item: float
+    per_item: float  # host work, LM head and sampling of one request
+    per_graph_item: float  # what a CUDA-graph replay changes of that (negative: saves)
     per_token: float
     per_square: float
     per_context: float
@@ -60,7 +61,8 @@ class Features:
 
     def row(self, knee: float) -> tuple[float, ...]:
         """The regressors, in TERMS order, for a given knee."""
-        return (1.0, self.graph, self.items, max(self.tokens, knee), self.squares, self.context)
+        linear = max(self.tokens, knee)
+        return (1.0, self.graph, self.items, self.graph * self.items, linear, self.squares, self.context)
 
 
 def predict(c: Coefficients, f: Features) -> float:
@@ -68,6 +70,7 @@ def predict(c: Coefficients, f: Features) -> float:
         c.overhead
         + c.graph * f.graph
         + c.per_item * f.items
+        + c.per_graph_item * f.graph * f.items
         + c.per_token * max(f.tokens, c.knee)
         + c.per_square * f.squares
         + c.per_context * f.context

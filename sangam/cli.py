@@ -229,9 +229,9 @@ def run_profile(args: argparse.Namespace) -> int:
     assert profile is not None
     r = profile.report
     print(
-        f"{args.model} on {args.gpu}: {r['train_points']} points fitted, {r['heldout_points']} held out: "
-        f"MAPE {r['heldout_mape']:.2f}%, P90 {r['heldout_p90']:.2f}%, max {r['heldout_max']:.2f}% "
-        f"(K-fold MAPE {r['cv_mape']:.2f}%)"
+        f"{args.model} on {args.gpu}: {r['points']} iterations, model {r['candidate']!r}; held out "
+        f"({r['folds']}-fold): MAPE {r['heldout_mape']:.2f}%, P90 {r['heldout_p90']:.2f}%, "
+        f"max {r['heldout_max']:.2f}%"
     )
     return 0
 

@@ -131,7 +131,8 @@ def _tokens(x: float) -> int:
 
 
 def sample_lengths(dataset: str, n: int, rng: random.Random) -> list[tuple[int, int]]:
-    """`n` (prompt_len, output_len) pairs of `dataset`, each >= 1, with prompt + output <= MAX_TOKENS.
+    """`n` (prompt_len, output_len) pairs of `dataset`, each >= 1, with prompt + output <= MAX_TOKENS
+    and the output within the dataset's mask buffer (which the paper sizes for the longest output).
 
     Pairs that break the filter are redrawn, as the paper drops such requests.
     """
@@ -142,7 +143,7 @@ def sample_lengths(dataset: str, n: int, rng: random.Random) -> list[tuple[int, 
     while len(pairs) < n:
         prompt = _tokens(model.prompt.draw(rng))
         output = _tokens(model.output.draw(rng))
-        if prompt + output <= MAX_TOKENS:
+        if prompt + output <= MAX_TOKENS and output <= MASK_LEN[dataset]:
             pairs.append((prompt, output))
     return pairs
 

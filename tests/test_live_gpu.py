@@ -20,7 +20,8 @@ def test_llada_colocated_on_one_gpu(tmp_path: Path, capsys: pytest.CaptureFixtur
         pytest.skip("needs a CUDA GPU")
     out = tmp_path / "live"
     args = ["live", "--mode", "colocated", "--gpus", "1", "--gpu", "h200", "--model", "llada-8b"]
-    args += ["--num-requests", "24", "--qps", "2", "--out", str(out), "--iteration-log", str(out / "it.csv")]
+    args += ["--num-requests", "24", "--qps", "2", "--out", str(out)]
+    args += ["--iteration-log", str(tmp_path / "it.csv")]
     assert main(args) == 0
     print(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())

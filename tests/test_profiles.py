@@ -16,7 +16,14 @@ from profiles.store import load_profile, paths
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TRUE = Coefficients(
-    overhead=2e-3, graph=-1e-3, per_item=4e-5, per_token=2e-5, per_square=1e-9, per_context=1.7e-7, knee=256.0
+    overhead=2e-3,
+    graph=-1e-3,
+    per_item=4e-5,
+    per_graph_item=-1e-5,
+    per_token=2e-5,
+    per_square=1e-9,
+    per_context=1.7e-7,
+    knee=256.0,
 )
 
 
@@ -63,7 +70,7 @@ def test_fit_recovers_the_generating_model() -> None:
 
 def test_fit_needs_enough_points() -> None:
     with pytest.raises(ValueError, match="at least"):
-        fit(samples(0.0)[:20])
+        fit(samples(0.0)[:40])
 
 
 def test_derived_profile_scales_only_bandwidth_terms() -> None:

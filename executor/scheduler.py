@@ -210,6 +210,7 @@ class SchedulerCore:
         self._log_file: TextIO | None = None
         self._log: Any = None
         if iteration_log is not None:
+            iteration_log.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = iteration_log.open("w", newline="")
             self._log = csv.writer(self._log_file)
             self._log.writerow(ITERATION_LOG_COLUMNS)

@@ -66,9 +66,8 @@ def run_validate(args: argparse.Namespace) -> int:
     common = ["--mode", args.mode, "--model", args.model, "--gpu", args.gpu, "--seed", str(args.seed)]
     common += ["--num-requests", str(args.num_requests)]
     points = []
-    for label, qps in zip(
-        [name for name, _ in SHARES] if not args.qps else map(str, loads), loads, strict=True
-    ):
+    labels = [name for name, _ in SHARES] if len(loads) == len(SHARES) else [f"{q:g}" for q in loads]
+    for label, qps in zip(labels, loads, strict=True):
         live_dir, sim_dir = args.out / f"live-qps{qps:g}", args.out / f"sim-qps{qps:g}"
         live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
         if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:

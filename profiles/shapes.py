@@ -30,10 +30,10 @@ class Shape:
             kind, query, context = item.split(":")
             if kind == "p":
                 prefills.append(int(context))
-            elif kind == "d" and int(query) == BLOCK:
+            elif kind == "d" and int(query) in (BLOCK, BLOCK + 1):  # Dream's query reads one token more
                 decodes.append(int(context))
             else:
-                raise ValueError(f"bad iteration item {item!r}: expected p:S:S or d:32:C")
+                raise ValueError(f"bad iteration item {item!r}: expected p:S:S or d:32:C (d:33:C for Dream)")
         return Shape(tuple(prefills), tuple(decodes))
 
     def format(self) -> str:

@@ -68,20 +68,14 @@ def run_validate(args: argparse.Namespace) -> int:
     points = []
     labels = [name for name, _ in SHARES] if len(loads) == len(SHARES) else [f"{q:g}" for q in loads]
     for label, qps in zip(labels, loads, strict=True):
-        live_dir, sim_dir = args.out / f"live-qps{qps:g}", args.out / f"sim-qps{qps:g}"
-        live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
-        if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:
-            raise RuntimeError(f"the live run at {qps:g} QPS failed")
-        sim_args = [
-            "sim",
-            *common,
-            "--qps",
-            str(qps),
-            "--pages",
-            str(profile.kv_pages),
-            "--out",
-            str(sim_dir),
-        ]
+        live_dir = (args.live_results or args.out) / f"live-qps{qps:g}"
+        if args.live_results is None:
+            live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
+            if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:
+                raise RuntimeError(f"the live run at {qps:g} QPS failed")
+        sim_dir = args.out / f"sim-qps{qps:g}"
+        sim_args = ["sim", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(sim_dir)]
+        sim_args += ["--pages", str(profile.kv_pages)]
         if sangam(sim_args) != 0:
             raise RuntimeError(f"the simulation at {qps:g} QPS failed")
         live, sim = read_summary(live_dir), read_summary(sim_dir)

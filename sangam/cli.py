@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--seed", type=int, default=DEFAULTS.seed)
     validate.add_argument("--out", type=Path, default=Path("results/validate"), help="run directories")
+    validate.add_argument(
+        "--live-results", type=Path, help="compare with the live runs already in this directory (live-qpsQ/)"
+    )
     validate.add_argument("--report", type=Path, help="report JSON (default: benchmarks/results/...)")
 
     trace = commands.add_parser("trace", help="write a synthetic trace file")
@@ -142,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_validate(args)
         return run_trace(args)
-    except (UsageError, ValueError, OSError) as err:
+    except (UsageError, ValueError, OSError, RuntimeError) as err:
         print(f"sangam: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

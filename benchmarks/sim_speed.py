@@ -1,4 +1,5 @@
-"""Simulator speed: one 4000-request point per layout (LLaDA-8B, ShareGPT, QPS 7.5, 8 workers).
+"""Simulator speed: one 4000-request point per layout (LLaDA-8B, ShareGPT, QPS 7.5, 8 H100 workers,
+the default cost model of `sangam sim`).
 
 Run: python -m benchmarks.sim_speed [--repeats N]. Target: <= 2 s per point on one core.
 Prints the best wall time of N runs and the process CPU time of that run: on a busy machine the
@@ -10,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from profiles.analytic import AnalyticCostModel
+from profiles.store import default_cost_model
 from sangam.config import RunConfig, synthetic_rows
-from sangam.hardware import lookup_gpu
+from sangam.cost import CostModel
 from sangam.workload import TraceRow
 from sim.run import SimResult, simulate
 
@@ -28,7 +29,7 @@ def main() -> None:
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (10, 7, 6, 11, 11, 11, 10), strict=True)))
     for mode in MODES:
         cfg = RunConfig(mode=mode, qps=args.qps)
-        cost = AnalyticCostModel(cfg.model_spec, lookup_gpu(cfg.gpu))
+        cost, _, _ = default_cost_model(cfg.model, cfg.gpu)
         rows = synthetic_rows(cfg)
         best = min((timed(cfg, rows, cost) for _ in range(args.repeats)), key=lambda t: t[0])
         wall, cpu, result = best
@@ -40,7 +41,7 @@ def main() -> None:
         )
 
 
-def timed(cfg: RunConfig, rows: list[TraceRow], cost: AnalyticCostModel) -> tuple[float, float, SimResult]:
+def timed(cfg: RunConfig, rows: list[TraceRow], cost: CostModel) -> tuple[float, float, SimResult]:
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(cfg, rows, cost)
     return time.perf_counter() - wall, time.process_time() - cpu, result

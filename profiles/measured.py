@@ -82,9 +82,24 @@ class MeasuredCostModel:
 
     def __init__(self, coefficients: Coefficients, buckets: Sequence[int] = ()) -> None:
         self.coefficients = coefficients
-        self.buckets = tuple(buckets)
+        self.buckets = tuple(sorted(buckets))
 
     def seconds(self, mb: Microbatch) -> float:
-        if mb.empty:
-            return self.coefficients.overhead
-        return predict(self.coefficients, Features.of(Shape.of(mb), self.buckets))
+        """`predict` over `Features.of(Shape.of(mb))`, inlined: the simulator calls it every iteration."""
+        c = self.coefficients
+        n_decodes, n_prefills = len(mb.decodes), len(mb.prefills)
+        if not n_decodes and not n_prefills:
+            return c.overhead
+        tokens = squares = 0
+        for req in mb.prefills:
+            tokens += req.seq_len
+            squares += req.seq_len * req.seq_len
+        context = sum([req.seq_len for req in mb.decodes])
+        items = n_decodes + n_prefills
+        bucket = 0 if n_prefills else next((b for b in self.buckets if b >= n_decodes), 0)
+        tokens += BLOCK * (bucket or n_decodes)
+        seconds = c.overhead + c.per_item * items + c.per_token * max(tokens, c.knee)
+        seconds += c.per_square * squares + c.per_context * context
+        if bucket:
+            seconds += c.graph + c.per_graph_item * items
+        return seconds

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profiles.analytic import AnalyticCostModel
 from profiles.measured import Coefficients, Features, MeasuredCostModel
 from profiles.shapes import Shape
+from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
 
 DATA = Path(__file__).parent / "data"
@@ -46,6 +48,15 @@ class Profile:
     def kv_pages(self) -> int | None:
         pages = self.meta.get("kv_pages")
         return int(pages) if pages is not None else None
+
+
+def default_cost_model(model: str, gpu: str) -> tuple[CostModel, str, Profile | None]:
+    """What `sangam sim` prices iterations with: the (measured or derived) profile, else analytic."""
+    profile = load_profile(model, gpu)
+    if profile is None:
+        return AnalyticCostModel(lookup_model(model), lookup_gpu(gpu)), "analytic", None
+    name = f"derived from {profile.derived_from}" if profile.derived_from else "measured"
+    return profile.cost_model(), name, profile
 
 
 def paths(model: str, gpu: str, root: Path = DATA) -> tuple[Path, Path, Path]:

@@ -11,7 +11,6 @@ from typing import Any
 
 from sangam.batcher import Policy
 from sangam.config import RunConfig
-from sangam.cost import CostModel
 
 DEFAULTS = RunConfig()
 
@@ -162,9 +161,9 @@ def run_config(args: argparse.Namespace, qps: float) -> RunConfig:
 
 def run_sim(args: argparse.Namespace) -> int:
     from profiles.analytic import AnalyticCostModel
-    from profiles.store import load_profile
+    from profiles.store import default_cost_model
     from sangam.config import synthetic_rows, with_arrival_times
-    from sangam.hardware import lookup_gpu
+    from sangam.hardware import lookup_gpu, lookup_model
     from sangam.progress import empirical, parse_progress
     from sangam.report import print_sim_table
     from sangam.results import ITERATION_COLUMNS, write_csv, write_results
@@ -175,7 +174,14 @@ def run_sim(args: argparse.Namespace) -> int:
     rates = [q for group in args.qps for q in group]
     if not rates:
         raise UsageError("--qps needs at least one positive rate")
-    profile = load_profile(args.model, args.gpu) if args.cost == "profile" else None
+    if args.cost == "profile":
+        cost, cost_name, profile = default_cost_model(args.model, args.gpu)
+    else:
+        cost, cost_name, profile = (
+            AnalyticCostModel(lookup_model(args.model), lookup_gpu(args.gpu)),
+            "analytic",
+            None,
+        )
     if profile is not None and args.pages is None and profile.kv_pages is not None:
         args.pages = profile.kv_pages  # what the live worker has for the same model and GPU
     configs = [run_config(args, q) for q in rates]
@@ -184,12 +190,6 @@ def run_sim(args: argparse.Namespace) -> int:
         kind, _, path = args.progress.partition(":")
         progress = empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(args.progress)
     file_rows = None if configs[0].is_synthetic else read_trace(Path(args.trace))
-    if profile is None:
-        cost: CostModel = AnalyticCostModel(configs[0].model_spec, lookup_gpu(configs[0].gpu))
-        cost_name = "analytic"
-    else:
-        cost = profile.cost_model()
-        cost_name = f"derived from {profile.derived_from}" if profile.derived_from else "measured"
     link = LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
     results = []
     for cfg in configs:

@@ -112,3 +112,18 @@ def test_store_fits_once_and_derives_h100(tmp_path: Path) -> None:
     assert derived is not None and derived.derived_from == "h200" and derived.meta["derived"]
     assert derived.kv_pages is None
     assert load_profile("dream-7b", "h100", tmp_path) is None
+
+
+@pytest.mark.parametrize("buckets", [BUCKETS, (1, 2, 4), ()])
+def test_cost_model_equals_the_fitted_formula(buckets: tuple[int, ...]) -> None:
+    from factories import make_request
+
+    from profiles.measured import MeasuredCostModel
+    from sangam.batcher import Microbatch
+
+    model = MeasuredCostModel(TRUE, buckets)
+    for prefills, decodes in [((), (900,) * 3), ((2000,), (1819,) * 5), ((512, 4096), ()), ((), (100,) * 70)]:
+        reqs = [make_request(i, s) for i, s in enumerate((*prefills, *decodes))]
+        mb = Microbatch(tuple(reqs[len(prefills) :]), tuple(reqs[: len(prefills)]), 0, 0, 0, 0)
+        expected = predict(TRUE, Features.of(Shape(prefills, decodes), buckets))
+        assert model.seconds(mb) == pytest.approx(expected, rel=1e-12)

@@ -1,0 +1,34 @@
+"""argparse value types shared by the command lines: bad values become one-line usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type[int] | type[float], what: str) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int, "a positive integer"))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float, "a positive number")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float, "a number >= 0")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value

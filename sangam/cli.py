@@ -1,4 +1,4 @@
-"""`sangam` command line: `sim`, `live` and `trace`. Drivers are imported lazily."""
+"""`sangam` command line: `sim`, `live`, `app`, `profile`, `validate` and `trace`; drivers load lazily."""
 
 from __future__ import annotations
 
@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--report", type=Path, help="report JSON (default: benchmarks/results/...)")
 
+    explorer = commands.add_parser("app", help="open the what-if explorer (Streamlit) on 127.0.0.1")
+    from app.launch import add_app_arguments
+
+    add_app_arguments(explorer)
+
     trace = commands.add_parser("trace", help="write a synthetic trace file")
     trace.add_argument("--dataset", choices=["sharegpt", "arxiv"], default="sharegpt")
     trace.add_argument("-n", "--num-requests", type=positive_int, default=20000)
@@ -118,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from executor.live import run_live
 
             return run_live(args)
+        if args.command == "app":
+            from app.launch import run_app
+
+            return run_app(args)
         if args.command == "profile":
             return run_profile(args)
         if args.command == "validate":

@@ -1,0 +1,209 @@
+"""The sidebar's values, checked: every problem is an `InputError` whose message is one line for the page."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.sweep import COSTS, PointSpec, point_specs, profile_pages
+from sangam.batcher import Policy
+from sangam.config import RunConfig
+from sangam.layout import parse_mode
+from sangam.progress import parse_progress
+from sangam.traces import TraceError, read_trace
+from sangam.workload import TraceRow
+
+MAX_POINTS = 400  # layouts x rates x seeds in one comparison
+TRACE_SUFFIXES = ("csv", "jsonl", "json")
+
+
+class InputError(ValueError):
+    """Bad input from the page; the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedTrace:
+    name: str
+    rows: tuple[TraceRow, ...]  # arrival times removed: the sweep draws them at each rate
+    digest: str  # sha256 of the file's bytes
+    had_arrivals: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """A validated comparison: every point it runs, and what the page needs to describe it."""
+
+    base: RunConfig  # the first layout, rate and seed
+    layouts: tuple[str, ...]  # layout names, e.g. ("8C", "5P3D")
+    rates: tuple[float, ...]
+    seeds: tuple[int, ...]
+    progress: str
+    trace: UploadedTrace | None
+    cost: str  # one of app.sweep.COSTS
+
+    def specs(self) -> list[PointSpec]:
+        rows, digest = (self.trace.rows, self.trace.digest) if self.trace else (None, "")
+        return point_specs(
+            self.base,
+            self.layouts,
+            self.rates,
+            self.seeds,
+            progress=self.progress,
+            rows=rows,
+            trace_digest=digest,
+            cost=self.cost,
+        )
+
+
+def parse_layouts(text: str, gpus: int) -> tuple[str, ...]:
+    """Layout names from 'colocated, 5P3D, 3P5C' (commas or spaces); each must use exactly `gpus` GPUs."""
+    if gpus < 1:
+        raise InputError(f"the GPU count must be at least 1, got {gpus}")
+    items = [item for item in re.split(r"[,\s]+", text) if item]
+    if not items:
+        raise InputError("choose at least one layout to compare, e.g. colocated, 5P3D, 3P5C")
+    names: list[str] = []
+    for item in items:
+        try:
+            layout = parse_mode(item, gpus)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        if layout.num_workers != gpus:
+            raise InputError(
+                f"layout {item} uses {layout.num_workers} GPUs but the GPU count is {gpus}: "
+                f"compare layouts of {gpus} GPUs, e.g. {', '.join(example_layouts(gpus))}"
+            )
+        if layout.name not in names:
+            names.append(layout.name)
+    return tuple(names)
+
+
+def example_layouts(gpus: int) -> list[str]:
+    """A few valid layouts of `gpus` GPUs, for messages and help text."""
+    examples = ["colocated"]
+    if gpus >= 2:
+        prefill = max(1, gpus * 5 // 8)
+        examples += [f"{prefill}P{gpus - prefill}D", f"{gpus - prefill}P{prefill}C"]
+    return examples
+
+
+def qps_points(low: float, high: float, points: int) -> tuple[float, ...]:
+    """`points` evenly spaced rates from `low` to `high` (requests per second)."""
+    if points < 1:
+        raise InputError(f"the QPS range needs at least one point, got {points}")
+    if not low > 0:
+        raise InputError(f"the lowest QPS must be positive, got {low:g}")
+    if low > high:
+        raise InputError(f"the QPS range is empty: min {low:g} is above max {high:g}")
+    if points == 1 or low == high:
+        return (round(low, 4),)
+    step = (high - low) / (points - 1)
+    return tuple(round(low + i * step, 4) for i in range(points))
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """Seeds from '0' or '0, 1, 2'; results are averaged over them."""
+    items = [item for item in re.split(r"[,\s]+", text) if item]
+    if not items:
+        raise InputError("give at least one seed, e.g. 0 or 0, 1, 2")
+    try:
+        seeds = [int(item) for item in items]
+    except ValueError:
+        raise InputError(f"seeds must be whole numbers separated by commas, got {text!r}") from None
+    return tuple(dict.fromkeys(seeds))
+
+
+def check_progress(spec: str) -> str:
+    """'' (the model and trace's default) or a valid fixed:D, uniform:LO:HI or betabinom:MEAN:STD."""
+    spec = spec.strip()
+    if not spec:
+        return ""
+    if spec.partition(":")[0] == "empirical":
+        raise InputError(
+            "empirical progress needs a steps file: give a trace file with a steps column instead"
+        )
+    try:
+        parse_progress(spec)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return spec
+
+
+def read_uploaded_trace(name: str, data: bytes) -> UploadedTrace:
+    """An uploaded .csv or .jsonl trace, checked by `sangam.traces.read_trace`."""
+    base = Path(name).name or "trace"
+    if Path(base).suffix.lower().lstrip(".") not in TRACE_SUFFIXES:
+        raise InputError(f"{base}: a trace file must end in .csv, .jsonl or .json")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / base
+        path.write_bytes(data)
+        try:
+            rows = read_trace(path)
+        except TraceError as err:
+            raise InputError(str(err).replace(str(path), base)) from None
+    had_arrivals = rows[0].arrival_time is not None
+    stripped = tuple(dataclasses.replace(row, arrival_time=None) for row in rows)
+    return UploadedTrace(base, stripped, hashlib.sha256(data).hexdigest(), had_arrivals)
+
+
+def build_setup(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    layouts: str,
+    trace: str,
+    upload: UploadedTrace | None,
+    qps_min: float,
+    qps_max: float,
+    qps_count: int,
+    budget: int,
+    prefill_budget: int,
+    theta: int,
+    progress: str,
+    seeds: str,
+    num_requests: int,
+    mask_len: int | None = None,
+    arrival_cv: float | None = None,
+    policy: str = Policy.DEFICIT.value,
+    cost: str = "profile",
+) -> Setup:
+    """Check every sidebar value and build the comparison; the first problem raises InputError."""
+    names = parse_layouts(layouts, gpus)
+    rates = qps_points(qps_min, qps_max, qps_count)
+    seed_list = parse_seeds(seeds)
+    progress = check_progress(progress)
+    if cost not in COSTS:
+        raise InputError(f"iteration times come from one of {', '.join(COSTS)}, got {cost!r}")
+    if trace == "upload" and upload is None:
+        raise InputError("upload a trace file (.csv or .jsonl), or pick the sharegpt or arxiv trace")
+    points = len(names) * len(rates) * len(seed_list)
+    if points > MAX_POINTS:
+        raise InputError(f"{points} points is too many for one comparison (at most {MAX_POINTS})")
+    try:
+        base = RunConfig(
+            mode=names[0],
+            model=model,
+            gpu=gpu,
+            gpus=gpus,
+            trace=upload.name if trace == "upload" and upload else trace,
+            qps=rates[0],
+            num_requests=min(num_requests, len(upload.rows))
+            if trace == "upload" and upload
+            else num_requests,
+            mask_len=mask_len,
+            arrival_cv=arrival_cv,
+            budget=budget,
+            prefill_budget=prefill_budget,
+            theta=theta,
+            policy=Policy(policy),
+            seed=seed_list[0],
+            pages=profile_pages(model, gpu, cost),  # the profiled live worker's, as `sangam sim` does
+        )
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return Setup(base, names, rates, seed_list, progress, upload if trace == "upload" else None, cost)

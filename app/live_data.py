@@ -1,0 +1,141 @@
+"""A `sangam live` results directory (summary.json, requests.csv, optional blocks.csv) and the simulated
+twin of its run: the same config and the same requests (arrivals, lengths and, from blocks.csv, every
+block's forwards). No Streamlit here."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from app.inputs import InputError
+from app.sweep import PointSpec
+from sangam.batcher import Policy
+from sangam.config import RunConfig
+from sangam.results import METRICS
+from sangam.workload import TraceRow
+
+FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
+REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "e2el", "queue", "decode")
+BLOCK_NEEDS = ("request_id", "block", "forwards")
+COMPARED = (
+    *(f"{stat}_{metric}_ms" for metric in METRICS for stat in ("mean", "median", "p99")),
+    "request_throughput",
+    "output_throughput",
+    "overflow_rate",
+    "kv_transferred_gb",
+    "completed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRun:
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    blocks: pd.DataFrame | None
+    digest: str  # sha256 over the files read
+
+
+def load_files(files: Mapping[str, bytes]) -> LiveRun:
+    """A live run from file name -> bytes; summary.json and requests.csv are required."""
+    missing = [name for name in FILES[:2] if name not in files]
+    if missing:
+        raise InputError(f"missing {' and '.join(missing)}: give the files `sangam live --out DIR` wrote")
+    try:
+        summary = json.loads(files["summary.json"].decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"summary.json is not valid JSON: {err}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+        raise InputError("summary.json has no 'config' object: is it a sangam sim/live summary?")
+    requests = _table(files["requests.csv"], "requests.csv", REQUEST_NEEDS)
+    blocks = _table(files["blocks.csv"], "blocks.csv", BLOCK_NEEDS) if "blocks.csv" in files else None
+    digest = hashlib.sha256(b"".join(files[name] for name in FILES if name in files)).hexdigest()
+    return LiveRun(summary, requests, blocks, digest)
+
+
+def load_directory(path: str | Path) -> LiveRun:
+    """A live run from a results directory on this machine."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such results directory")
+    return load_files({name: (folder / name).read_bytes() for name in FILES if (folder / name).is_file()})
+
+
+def _table(data: bytes, name: str, needs: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        table = pd.read_csv(io.BytesIO(data))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InputError(f"{name} is not a readable CSV file: {str(err).splitlines()[0]}") from None
+    missing = [c for c in needs if c not in table.columns]
+    if missing:
+        raise InputError(f"{name} lacks the column(s) {', '.join(missing)}")
+    if table.empty:
+        raise InputError(f"{name} has no rows")
+    numeric = table[list(needs)].apply(pd.to_numeric, errors="coerce")
+    if numeric.isna().any().any():
+        column = numeric.columns[numeric.isna().any()][0]
+        raise InputError(f"{name}: column {column} has a blank or non-numeric value")
+    return table
+
+
+def live_config(run: LiveRun) -> RunConfig:
+    """The run's RunConfig (from summary.json's resolved config), for exactly its finished requests."""
+    given = run.summary["config"]
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {k: v for k, v in given.items() if k in fields}
+    try:
+        values["policy"] = Policy(values.get("policy", Policy.DEFICIT.value))
+        values["num_requests"] = len(run.requests)
+        if values.get("pages") is None and isinstance(given.get("kv_pages"), int):
+            values["pages"] = given["kv_pages"]  # the pool the live workers really had
+        return RunConfig(**values)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"summary.json's config is not a sangam config: {err}") from None
+
+
+def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
+    """The live run's requests in arrival order; each block's forwards too when blocks.csv is given.
+
+    A request that stopped early (real weights commit EOS) ran fewer blocks than its output length
+    asks for; its output length becomes 32 tokens per block run, so the sim does the same work.
+    """
+    steps: dict[int, tuple[int, ...]] = {}
+    if run.blocks is not None:
+        ordered = run.blocks.sort_values(["request_id", "block"])
+        for rid, group in ordered.groupby("request_id"):
+            steps[int(rid)] = tuple(int(d) for d in group["forwards"])
+    rows = []
+    try:
+        for req in run.requests.sort_values(["arrival", "request_id"]).itertuples():
+            plan = steps.get(int(req.request_id))
+            output_len = int(req.output_len)
+            if plan is not None and len(plan) != -(-output_len // 32):
+                output_len = 32 * len(plan)
+            rows.append(TraceRow(int(req.prompt_len), output_len, float(req.arrival), plan))
+    except ValueError as err:
+        raise InputError(f"requests.csv: {err}") from None
+    return tuple(rows)
+
+
+def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointSpec:
+    """The simulation of the live run's config on its own requests."""
+    progress = "" if run.blocks is not None else progress  # blocks.csv fixes every block's forwards
+    return PointSpec(live_config(run), progress, live_rows(run), run.digest, cost)
+
+
+def comparison_frame(live: Mapping[str, Any], sim: Mapping[str, Any]) -> pd.DataFrame:
+    """Summary values side by side: live, sim, and sim's difference from live in percent."""
+    rows = []
+    for key in COMPARED:
+        if key in live and key in sim:
+            a, b = float(live[key]), float(sim[key])
+            diff = 100 * (b - a) / a if a else float("nan")
+            rows.append({"metric": key, "live": a, "sim": b, "sim_vs_live_pct": diff})
+    return pd.DataFrame(rows)

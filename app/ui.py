@@ -1,0 +1,58 @@
+"""Streamlit pieces both pages share: the cached point runner, and a chart with its data as CSV."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.sweep import WORKERS, PointResult, PointSpec, in_pool, run_sweep
+
+COST_LABELS = {"profile": "measured profile", "analytic": "analytic model"}  # app.sweep.COSTS
+
+
+@st.cache_data(max_entries=400, show_spinner=False)
+def _cached_point(key: str, _spec: PointSpec, _pool: Executor) -> PointResult:
+    """One point's result, cached by `key` (`PointSpec.key`: every value that decides it)."""
+    return in_pool(_spec, _pool)
+
+
+def cached_point(spec: PointSpec, pool: Executor) -> PointResult:
+    return _cached_point(spec.key, spec, pool)
+
+
+def run_points(specs: Sequence[PointSpec]) -> list[PointResult]:
+    """Results of `specs` (cached ones at once, the rest on WORKERS processes) under a progress bar."""
+    total = len(specs)
+    points = f"{total} point{'s' if total > 1 else ''}"
+    bar = st.progress(0.0, text=f"Simulating {points} on {WORKERS} processes…")
+    started = time.perf_counter()
+
+    def on_done(done: int, total: int) -> None:
+        bar.progress(
+            done / total, text=f"Simulated {done} of {total} points ({time.perf_counter() - started:.1f} s)"
+        )
+
+    results = run_sweep(specs, compute=cached_point, on_done=on_done)
+    bar.progress(
+        1.0,
+        text=f"{points} done in {time.perf_counter() - started:.1f} s (repeats come from the cache)",
+    )
+    return results
+
+
+def chart(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
+    """Draw `fig` and offer `data`, the table it was drawn from, as `name`.csv."""
+    st.plotly_chart(fig, key=f"chart-{name}")
+    st.download_button(
+        f"Download {name}.csv",
+        data.to_csv(index=False).encode(),
+        file_name=f"{name}.csv",
+        mime="text/csv",
+        key=f"csv-{name}",
+        on_click="ignore",
+    )

@@ -1,0 +1,157 @@
+"""The explorer driven through Streamlit's AppTest: widgets set, comparisons run, charts drawn, and bad
+input answered with a message in the page, never an exception."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from test_app_logic import sim_results_dir
+
+ENTRY = Path(__file__).parents[1] / "app" / "streamlit_app.py"
+LIVE_PAGE = """
+if __name__ == "__main__":  # the simulator's spawned workers re-import this script
+    from app.live_compare import main
+
+    main()
+"""
+SMALL = {"layouts": "colocated, 3P5C", "qps_min": 6.0, "qps_max": 9.0, "qps_count": 2, "num_requests": 40}
+
+
+def explorer() -> AppTest:
+    at = AppTest.from_file(str(ENTRY), default_timeout=90)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def submit(at: AppTest, **values: Any) -> AppTest:
+    """Set sidebar widgets by key and press 'Run comparison'."""
+    for key, value in values.items():
+        kind = {str: "text_input"}.get(type(value), "number_input")
+        if key in ("trace", "model", "gpu"):
+            kind = "selectbox"
+        getattr(at, kind)(key=key).set_value(value)
+    at.button[0].click().run()
+    return at
+
+
+def charts(at: AppTest) -> int:
+    return len(at.get("plotly_chart"))
+
+
+def test_a_comparison_draws_every_chart_with_its_csv() -> None:
+    at = submit(explorer(), **SMALL)
+    assert not at.exception and not at.error
+    assert charts(at) == 8  # latency, best layout, 3 CDFs, breakdown, queue and KV over time
+    downloads = [b.proto.label for b in at.get("download_button")]
+    assert len(downloads) == 9 and all(label.endswith(".csv") for label in downloads)
+    assert [m.label for m in at.metric] == ["8C knee", "3P5C knee"]
+    assert "40 requests per point" in at.markdown[0].value
+
+    at.number_input(key="slo").set_value(0.01).run()  # nothing meets it: still drawn, knees say so
+    assert not at.exception and not at.error and charts(at) == 8
+    assert {m.value for m in at.metric} == {"none"}
+
+    at.selectbox[-1].set_value("3P5C").run()  # the layout shown over time
+    assert not at.exception and charts(at) == 8
+
+
+def test_several_seeds_are_averaged() -> None:
+    at = submit(explorer(), **{**SMALL, "qps_count": 1, "seeds": "0, 1"})
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    assert list(table["seeds"]) == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"qps_min": 9.0, "qps_max": 4.0}, "the QPS range is empty: min 9 is above max 4"),
+        ({"qps_count": 0}, "the QPS range needs at least one point"),
+        ({"qps_min": 0.0}, "the lowest QPS must be positive"),
+        ({"gpus": 0}, "the GPU count must be at least 1"),
+        ({"gpus": 6}, "layout 5P3D uses 8 GPUs but the GPU count is 6"),
+        ({"layouts": "colocated, 4P2D"}, "layout 4P2D uses 6 GPUs but the GPU count is 8"),
+        ({"layouts": "colocated, 5X3"}, "bad mode '5X3'"),
+        ({"layouts": ""}, "choose at least one layout"),
+        ({"seeds": "zero"}, "seeds must be whole numbers"),
+        ({"progress": "betabinom:40:1"}, "bad progress model"),
+        ({"mask_len": 100}, "mask length must be a positive multiple of 32"),
+        ({"trace": "upload"}, "upload a trace file"),
+    ],
+)
+def test_bad_input_is_a_message_in_the_page(values: dict[str, Any], message: str) -> None:
+    at = submit(explorer(), **values)
+    assert not at.exception
+    assert len(at.error) == 1 and message in at.error[0].value
+    assert charts(at) == 0
+
+
+def test_a_malformed_uploaded_trace_names_the_file_and_line() -> None:
+    at = explorer()
+    at.file_uploader(key="upload").upload("mine.csv", b"prompt_len,output_len\n100,50\n100,-3\n", "text/csv")
+    submit(at, trace="upload")
+    assert not at.exception and charts(at) == 0
+    assert "mine.csv line 3: output_len must be a positive integer" in at.error[0].value
+
+
+def test_an_uploaded_trace_is_swept_over_the_qps_range() -> None:
+    rows = "".join(f"{0.1 * i},{200 + i},{40 + i}\n" for i in range(30))
+    at = explorer()
+    at.file_uploader(key="upload").upload("timed.csv", f"arrival_time,prompt_len,output_len\n{rows}".encode())
+    submit(at, trace="upload", **SMALL)
+    assert not at.exception and not at.error and charts(at) == 8
+    assert "timed.csv (30 rows), 30 requests per point" in at.markdown[0].value
+    assert "arrival times are replaced" in at.info[0].value
+
+
+def live_page() -> AppTest:
+    at = AppTest.from_string(LIVE_PAGE, default_timeout=90)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def test_live_results_sit_next_to_the_simulated_run(tmp_path: Path) -> None:
+    folder = sim_results_dir(tmp_path)  # `sangam sim --out` writes what `sangam live --out` writes
+    at = live_page()
+    uploader = at.file_uploader(key="live_files")
+    for name in ("summary.json", "requests.csv", "blocks.csv"):
+        uploader.upload(name, (folder / name).read_bytes())
+    at.button[0].click().run()
+    assert not at.exception and not at.error
+    assert charts(at) == 2  # overlaid e2e CDFs, breakdown side by side
+    assert [m.delta for m in at.metric] == ["+0.0%"] * 3  # the sim replays exactly the same run
+    table = at.dataframe[0].value
+    assert table["sim_vs_live_pct"].abs().max() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_live_results_directory_by_path(tmp_path: Path) -> None:
+    folder = sim_results_dir(tmp_path)
+    (folder / "blocks.csv").unlink()
+    at = live_page()
+    at.text_input(key="live_dir").set_value(str(folder))
+    at.button[0].click().run()
+    assert not at.exception and not at.error and charts(at) == 2
+    assert "forwards per block drawn by the progress model" in at.markdown[0].value
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"summary.json": b"{oops", "requests.csv": b"request_id\n0\n"}, "summary.json is not valid JSON"),
+        ({"summary.json": b'{"config": {}}'}, "missing requests.csv"),
+        ({}, "give a results directory or upload its files"),
+    ],
+)
+def test_bad_live_input_is_a_message_in_the_page(files: dict[str, bytes], message: str) -> None:
+    at = live_page()
+    for name, data in files.items():
+        at.file_uploader(key="live_files").upload(name, data)
+    at.button[0].click().run()
+    assert not at.exception
+    assert len(at.error) == 1 and message in at.error[0].value
+    assert charts(at) == 0

@@ -7,6 +7,12 @@ block. Results go through `sangam.results`, the one format both write, and the s
 This module imports only the standard library and `sangam` at import time (the CLI builds its parser
 from `add_live_arguments` without loading torch or grpc); the launcher and the client load lazily.
 
+Layouts: `--mode colocated` (or `<n>C`), and disaggregated `<n>P<m>D` and hybrid `<n>P<m>C`, whose
+workers 0..n-1 are the prefill pool (budget `--prefill-budget`) and the rest the decode role. Those move KV
+over torch.distributed (`executor.kv_transfer`): worker 0 hosts the rendezvous store on a port chosen
+here; the transport is gloo on CPU, NCCL when every worker has a GPU of its own, and gloo through pinned
+host memory when workers share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one device).
+
 Processes: `python -m executor.scheduler` first, then one `python -m executor.worker` per GPU (or per
 `--workers` on CPU), each in its own session so a terminal's Ctrl-C reaches only this process, which
 then stops them in order: a Shutdown call, SIGTERM to each process group, SIGKILL after a timeout.
@@ -22,6 +28,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,8 +44,8 @@ from typing import IO, TYPE_CHECKING, Any
 from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
 from sangam.batcher import Policy
 from sangam.config import RunConfig
-from sangam.hardware import BLOCK
-from sangam.layout import Kind, parse_mode
+from sangam.hardware import ACTIVATION_RESERVE_GIB, BLOCK, GIB, MEMORY_UTILISATION, lookup_gpu, lookup_model
+from sangam.layout import Kind, Layout, parse_mode
 from sangam.request import Request
 
 if TYPE_CHECKING:
@@ -50,6 +57,7 @@ LIVE_NUM_REQUESTS = 100
 CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: about a minute
 SERVE_PORT = 50051
 MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
+SETTLE_S = 10.0  # after the last request: how long the run waits for KV sources to release their pages
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -95,7 +103,8 @@ def _non_negative_float(text: str) -> float:
 
 
 def _gpu_list(text: str) -> list[int]:
-    """`N` (the first N visible GPUs) or a comma list of indices `0,2,3`."""
+    """`N` (the first N visible GPUs) or a comma list of indices `0,2,3`; a repeated index (`0,0`) puts
+    several workers on one GPU."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     try:
         values = [int(p) for p in parts]
@@ -107,8 +116,6 @@ def _gpu_list(text: str) -> list[int]:
         if values[0] == 0:
             raise argparse.ArgumentTypeError("--gpus needs at least one GPU")
         return list(range(values[0]))
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"GPU indices repeat in {text!r}")
     return values
 
 
@@ -116,10 +123,14 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `sangam live` (the CLI adds them to its `live` subcommand)."""
     placement = parser.add_argument_group("processes")
     placement.add_argument(
-        "--mode", default="colocated", help="colocated or <n>C (other modes are not live yet)"
+        "--mode",
+        default="colocated",
+        help="colocated, <n>C, <n>P<m>D (disaggregated) or <n>P<m>C (hybrid); workers 0..n-1 prefill",
     )
     placement.add_argument(
-        "--gpus", type=_gpu_list, help="GPU count or indices, one worker each (default: every visible GPU)"
+        "--gpus",
+        type=_gpu_list,
+        help="GPU count or indices, one worker each; 0,0 puts two on GPU 0 (default: every visible GPU)",
     )
     placement.add_argument("--workers", type=_positive_int, help="run N CPU workers instead (tests, no GPU)")
     placement.add_argument(
@@ -175,9 +186,35 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 
     policy = parser.add_argument_group("scheduling")
     policy.add_argument("--budget", type=_positive_int, default=DEFAULTS.budget, help="tau of every worker")
-    policy.add_argument("--theta", type=_positive_int, default=DEFAULTS.theta)
+    policy.add_argument(
+        "--prefill-budget",
+        type=_positive_int,
+        default=DEFAULTS.prefill_budget,
+        help="tau of prefill-role workers",
+    )
+    policy.add_argument(
+        "--theta", type=_positive_int, default=DEFAULTS.theta, help="hybrid overflow threshold"
+    )
     policy.add_argument("--policy", choices=[p.value for p in Policy], default=DEFAULTS.policy.value)
     policy.add_argument("--max-decodes", type=_positive_int, default=DEFAULTS.max_decodes)
+
+    kv = parser.add_argument_group("KV transfer (<n>P<m>D and <n>P<m>C)")
+    kv.add_argument(
+        "--kv-transport",
+        choices=["auto", *KV_TRANSPORTS],
+        default="auto",
+        help="auto: gloo on CPU and on a shared GPU (through pinned host memory), nccl between distinct GPUs",
+    )
+    kv.add_argument("--transfer-timeout", type=_positive_float, default=30.0, help="seconds per attempt")
+    kv.add_argument(
+        "--transfer-attempts", type=_positive_int, default=3, help="attempts per transfer before ERROR"
+    )
+    kv.add_argument(
+        "--dist-timeout",
+        type=_positive_float,
+        default=120.0,
+        help="seconds for the KV rendezvous at start-up and for rebuilding a link",
+    )
 
     sampling = parser.add_argument_group("unmasking")
     sampling.add_argument(
@@ -199,10 +236,14 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- what to launch ----------------------------------------------------------------------------------
 
 
+KV_TRANSPORTS = ("gloo", "nccl")  # executor.kv_transfer.TRANSPORTS, without importing torch here
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     device: str  # as the worker sees it
     env: dict[str, str] = field(default_factory=dict)
+    gpu: int | None = None  # the physical GPU index, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +258,7 @@ class ClusterSpec:
     mode: str = "colocated"
     policy: str = Policy.DEFICIT.value
     budget: int = 1024
+    prefill_budget: int = 2048
     max_decodes: int = 64
     theta: int = 8192
     seed: int = 0
@@ -225,10 +267,56 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     port: int = 0
     iteration_log: Path | None = None
+    kv_transport: str = "auto"
+    transfer_timeout: float = 30.0
+    transfer_attempts: int = 3
+    dist_timeout: float = 120.0
+    worker_args: tuple[str, ...] = ()  # extra options for every worker (tests: fault injection)
 
     @property
     def stop_at_eos(self) -> bool:
         return self.weights != "random"
+
+    @property
+    def layout(self) -> Layout:
+        return parse_mode(self.mode, len(self.workers))
+
+    @property
+    def transport(self) -> str:
+        return resolve_transport(self.kv_transport, self.workers)
+
+
+def resolve_transport(requested: str, workers: Sequence[WorkerSpec]) -> str:
+    """The KV transport: gloo on CPU or when workers share a GPU, NCCL between distinct GPUs."""
+    gpus = [w.gpu for w in workers]
+    on_gpu = all(g is not None for g in gpus)
+    shared = len(set(gpus)) < len(gpus)
+    if requested == "auto":
+        return "nccl" if on_gpu and not shared else "gloo"
+    if requested == "nccl" and not on_gpu:
+        raise ValueError("--kv-transport nccl needs GPU workers")
+    if requested == "nccl" and shared:
+        raise ValueError("--kv-transport nccl cannot join two workers on one GPU (NCCL refuses it); use gloo")
+    if requested not in KV_TRANSPORTS:
+        raise ValueError(f"unknown KV transport {requested!r} (known: auto, {', '.join(KV_TRANSPORTS)})")
+    return requested
+
+
+def shared_gpu_pages(model: str, gpu: str, per_gpu: int) -> int:
+    """KV pages per worker when `per_gpu` workers share one GPU: `sangam.hardware.kv_pages` split."""
+    spec, card = lookup_model(model), lookup_gpu(gpu)
+    free = card.memory_gib * MEMORY_UTILISATION * GIB - per_gpu * (
+        spec.weight_bytes + ACTIVATION_RESERVE_GIB * GIB
+    )
+    return max(int(free // per_gpu // spec.page_bytes), 0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (worker 0 binds the KV rendezvous store on it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
@@ -236,7 +324,7 @@ def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
 
 
 def gpu_workers(indices: Sequence[int]) -> tuple[WorkerSpec, ...]:
-    return tuple(WorkerSpec("cuda:0", {"CUDA_VISIBLE_DEVICES": str(i)}) for i in indices)
+    return tuple(WorkerSpec("cuda:0", {"CUDA_VISIBLE_DEVICES": str(i)}, gpu=i) for i in indices)
 
 
 def visible_gpus() -> int:
@@ -296,12 +384,23 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         ready_file = self.log_dir / "scheduler.json"
         ready_file.unlink(missing_ok=True)
+        layout = spec.layout  # ValueError for a mode that does not fit the workers
+        if layout.num_workers != len(spec.workers):
+            raise ValueError(
+                f"mode {spec.mode!r} names {layout.num_workers} workers, not {len(spec.workers)}"
+            )
         command = [
             "-m", "executor.scheduler", "--workers", str(len(spec.workers)), "--mode", spec.mode,
             "--mask-len", str(spec.mask_len), "--theta", str(spec.theta), "--seed", str(spec.seed),
             "--host", spec.host, "--port", str(spec.port), "--ready-file", str(ready_file),
-            "--exit-with-parent",
+            "--transfer-attempts", str(spec.transfer_attempts), "--exit-with-parent",
         ]  # fmt: skip
+        links: list[str] = []
+        if layout.kind is not Kind.COLOCATED:
+            links = [
+                "--dist-port", str(free_port()), "--kv-transport", spec.transport,
+                "--transfer-timeout", str(spec.transfer_timeout), "--dist-timeout", str(spec.dist_timeout),
+            ]  # fmt: skip
         if spec.stop_at_eos:
             command.append("--stop-at-eos")
         if spec.iteration_log is not None:
@@ -319,8 +418,9 @@ class LocalCluster:
                 "-m", "executor.worker", "--worker-id", str(index), "--scheduler", info["control"],
                 "--model", spec.model, "--weights", spec.weights, "--device", worker.device,
                 "--pages", str(spec.pages), "--policy", spec.policy, "--budget", str(spec.budget),
-                "--max-decodes", str(spec.max_decodes), "--seed", str(spec.seed),
-                "--threads", str(spec.threads), "--exit-with-parent",
+                "--prefill-budget", str(spec.prefill_budget), "--max-decodes", str(spec.max_decodes),
+                "--seed", str(spec.seed), "--threads", str(spec.threads), "--mode", spec.mode,
+                "--num-workers", str(len(spec.workers)), *links, *spec.worker_args, "--exit-with-parent",
             ]  # fmt: skip
             if not spec.cuda_graphs:
                 command.append("--no-cuda-graphs")
@@ -464,6 +564,7 @@ class LivePlan:
         out = self.config.resolved()
         out.update(
             live_model=self.model,
+            kv_transport=self.cluster.transport if self.config.layout.kind is not Kind.COLOCATED else None,
             weights=self.cluster.weights,
             unmask=self.unmask,
             threshold=self.threshold,
@@ -501,10 +602,6 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         workers = gpu_workers(indices) if indices else cpu_workers(1)
     on_cpu = workers[0].device == "cpu"
     layout = parse_mode(args.mode, len(workers))
-    if layout.kind is not Kind.COLOCATED:
-        raise ValueError(
-            f"mode {args.mode!r} is not supported live yet: only colocated (KV transfer comes later)"
-        )
     if layout.num_workers != len(workers):
         raise ValueError(
             f"mode {args.mode!r} names {layout.num_workers} workers but {len(workers)} are started"
@@ -520,6 +617,10 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
     if tiny and not on_cpu:
         raise ValueError(f"{model} is a CPU test model; use llada-8b or dream-7b on GPUs")
     pages = args.pages or (TINY_PAGES if tiny else None)
+    per_gpu = max((sum(w.gpu == g for w in workers) for g in {w.gpu for w in workers}), default=1)
+    if pages is None and not on_cpu and per_gpu > 1:  # the GPU's KV memory is split between its workers
+        pages = shared_gpu_pages(spec_name, args.gpu, per_gpu)
+    transport = resolve_transport(args.kv_transport, workers)
     config = RunConfig(
         mode=args.mode,
         model=spec_name,
@@ -531,6 +632,7 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         arrival_cv=args.arrival_cv,
         mask_len=args.mask_len,
         budget=args.budget,
+        prefill_budget=args.prefill_budget,
         theta=args.theta,
         policy=Policy(args.policy),
         max_decodes=args.max_decodes,
@@ -549,6 +651,7 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         mode=args.mode,
         policy=args.policy,
         budget=args.budget,
+        prefill_budget=args.prefill_budget,
         max_decodes=args.max_decodes,
         theta=args.theta,
         seed=args.seed,
@@ -557,6 +660,10 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         host=args.host,
         port=port,
         iteration_log=args.iteration_log,
+        kv_transport=transport,
+        transfer_timeout=args.transfer_timeout,
+        transfer_attempts=args.transfer_attempts,
+        dist_timeout=args.dist_timeout,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")
     return LivePlan(
@@ -672,6 +779,32 @@ def wait_for_all(cluster: LocalCluster, total: int, stall_timeout: float) -> pb.
         time.sleep(0.05)
 
 
+def page_leaks(status: pb.StatusReply) -> str:
+    """Empty if every worker has all its pages free and the router's tally agrees; else what is not."""
+    out = []
+    for w in status.workers:
+        if w.free_pages != w.pages:
+            out.append(f"worker {w.worker_id} has {w.free_pages} of {w.pages} pages free")
+        if status.layout and "P" in status.layout and w.router_free != status.pages:
+            out.append(f"the router counts {w.router_free} of {status.pages} free on worker {w.worker_id}")
+    if status.transfers_in_flight:
+        out.append(f"{status.transfers_in_flight} KV transfers not released")
+    return "; ".join(out)
+
+
+def settle(cluster: LocalCluster, timeout: float) -> pb.StatusReply:
+    """The status once no KV transfer is in flight and every worker reported all its pages free (or
+    after `timeout` seconds: `page_leaks` then says what is missing)."""
+    assert cluster.client is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.check()
+        status = cluster.client.status()
+        if not page_leaks(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
 def rebuild(
     records: Sequence[pb.RequestRecord], ids: dict[int, int], output_lens: Sequence[int]
 ) -> list[Request]:
@@ -736,7 +869,8 @@ def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], o
             file=sys.stderr,
         )
         ids = replay(cluster, plan, requests, status.vocab, status.mask_id)
-        final = wait_for_all(cluster, len(requests), args.stall_timeout)
+        wait_for_all(cluster, len(requests), args.stall_timeout)
+        final = settle(cluster, SETTLE_S)
         records = cluster.client.results()
         finished_ids = {r.request_id for r in records}
         failed = [cluster.client.poll(rid) for rid in ids if rid not in finished_ids]
@@ -749,13 +883,26 @@ def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], o
         failed=len(failed),
         live_wall_s=time.monotonic() - started,
         live_iterations=final.iterations,
+        live_workers=[
+            {"worker": w.worker_id, "role": w.role, "pages": w.pages, "free_pages_at_end": w.free_pages}
+            for w in final.workers
+        ],
         config=plan.resolved(),
     )
+    if plan.config.layout.kind is not Kind.COLOCATED:
+        summary.update(
+            kv_transfers_done=final.transfers_done,
+            kv_transfers_failed=final.transfers_failed,
+            kv_transfer_retries=final.transfer_retries,
+        )
     if args.out:
         write_results(args.out, finished, summary)
     print_sim_table([summary], title="sangam live")
     if failed:
         raise LiveError(f"{len(failed)} of {len(requests)} requests failed: {failed[0].error}")
+    unbalanced = page_leaks(final)
+    if unbalanced:
+        raise LiveError(f"KV pages not returned at the end: {unbalanced}")
     return 0
 
 

@@ -11,6 +11,22 @@ The scheduler keeps each request's token ids (prompt and committed blocks) becau
 with a prefill over the whole sequence, and that prefill may land on any worker (KV is freed at every
 block end). Worker reports bring the 32 ids of each finished block, never whole sequences.
 
+Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`). The router answers a prefill worker's hand-off
+with a `Transfer` once it has reserved the destination's pages in its tally. The core thread then orders
+the attempt: RECEIVE to the destination (the block's work, its 32 ids after the prefill, the pages to
+allocate) and SEND to the source, both with the attempt's tag and the pair's link generation. The
+destination decodes as soon as its KV is in place and says so (a RECEIVE event, which precedes every
+report of that decode); that success sends RELEASE to the source, whose RELEASE event frees its pages in
+the router's tally (`Router.on_transfer_done`), as the simulator does at the transfer's end. An attempt
+that failed at the destination is decided once both ends have reported: the pair's generation goes up
+(both ends rebuild their process group) and the attempt is repeated, up to `--transfer-attempts`; then
+the request ends with ERROR and a one-line reason, the destination has freed its pages, the source is
+told to release its own, and both tallies are restored. A block's transfer runs from the moment the
+destination's link thread takes it (after the transfers before it on that pair) to the KV's arrival in
+its pages, retries included: the interval the simulator's link model charges (a transfer there starts
+when its link is free). The time from the router's decision to that start, orders in flight and a busy
+link, counts as decode queueing in both.
+
 Two servers: the client port (`Scheduler` service and grpc.health.v1, SERVING once every worker has
 registered) and the control port (`Control`: registration and reports), so that parked client streams
 cannot starve worker traffic. A watchdog checks every worker's health each second; a worker that fails
@@ -47,13 +63,14 @@ from executor.proto import sangam_pb2_grpc as pb_grpc
 from sangam.batcher import Outcome
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK, pages_for
-from sangam.layout import Kind, parse_mode
+from sangam.layout import Role, parse_mode
 from sangam.request import BlockRecord, Request
 from sangam.results import ITERATION_COLUMNS
-from sangam.router import Dispatch, Router
+from sangam.router import Action, Router, Transfer
 
 ITERATION_LOG_COLUMNS = (*ITERATION_COLUMNS, "gpu_s", "items")
 ENQUEUE_ATTEMPTS = 3
+TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails
 HEALTH_INTERVAL_S = 1.0
 HEALTH_FAILURES = 2  # consecutive failed checks that declare a worker lost
 CLIENT_THREADS = 256  # a parked Stream holds one
@@ -74,6 +91,7 @@ class Tracked:
     planned: tuple[int, ...] | None  # forced forwards per block
     sampling: pb.SamplingParams
     req: Request | None = None  # None for a request rejected at Submit
+    handoff_tokens: list[int] = field(default_factory=list)  # the handed-off block's ids after its prefill
     generated: list[int] = field(default_factory=list)
     status: pb.RequestStatus = pb.QUEUED
     error: str = ""
@@ -95,7 +113,31 @@ class WorkerInfo:
     pid: int
     channel: grpc.Channel
     stub: pb_grpc.WorkerStub
-    outbox: queue.SimpleQueue[pb.BlockWork | None] = field(default_factory=queue.SimpleQueue)
+    role: str = Role.COLOCATED.value
+    free_pages: int | None = None  # as last reported
+    outbox: queue.SimpleQueue[pb.BlockWork | pb.TransferOrder | None] = field(
+        default_factory=queue.SimpleQueue
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Moving:
+    """One KV transfer the router ordered, across its attempts (core thread only)."""
+
+    id: int
+    tracked: Tracked
+    req: Request
+    block: int
+    src: int
+    dst: int
+    decided: float  # the router's decision
+    block_tokens: list[int]
+    link_start: float | None = None  # the destination's link thread took its first attempt
+    attempt: int = 0
+    generation: int = 0
+    sent: pb.TransferEvent | None = None  # the current attempt's ends, once reported
+    received: pb.TransferEvent | None = None
+    done: bool = False  # the KV arrived, or the transfer was given up: only the source's release is left
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +219,13 @@ class SchedulerCore:
         stop_at_eos: bool = False,
         iteration_log: Path | None = None,
         mode: str = "colocated",
+        transfer_attempts: int = TRANSFER_ATTEMPTS,
     ) -> None:
         layout = parse_mode(mode, workers)
-        if layout.kind is not Kind.COLOCATED:
-            raise ValueError(f"mode {mode!r} is not supported live yet: only colocated")
+        if layout.num_workers != workers:
+            raise ValueError(f"mode {mode!r} names {layout.num_workers} workers, not {workers}")
+        if transfer_attempts < 1:
+            raise ValueError(f"transfer attempts must be at least 1, got {transfer_attempts}")
         if mask_len <= 0 or mask_len % BLOCK:
             raise ValueError(f"mask length must be a positive multiple of {BLOCK}, got {mask_len}")
         self.layout = layout
@@ -189,6 +234,7 @@ class SchedulerCore:
         self.theta = theta
         self.seed = seed
         self.stop_at_eos = stop_at_eos
+        self.transfer_attempts = transfer_attempts
         self.router: Router | None = None  # built once every worker has registered (pages known)
         self.facts: ModelFacts | None = None
         self.workers: dict[int, WorkerInfo] = {}
@@ -202,6 +248,11 @@ class SchedulerCore:
         self.first_arrival: float | None = None
         self.submitted = self.done = self.errors = self.iterations = 0
         self._active: dict[int, Tracked] = {}  # core thread only
+        self._moving: dict[int, Moving] = {}  # KV transfers not yet released by their source (core thread)
+        self._transfer_ids = itertools.count()
+        self._tags = itertools.count(1)  # one per attempt; 0 is the links' warm-up
+        self._generations: dict[tuple[int, int], int] = {}  # (src, dst) -> the pair's link generation
+        self.transfers_done = self.transfers_failed = self.transfer_retries = 0
         self._ids = itertools.count()
         self._lock = threading.Lock()  # ids, arrivals and registrations
         self._events: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
@@ -269,6 +320,13 @@ class SchedulerCore:
                 return pb.RegisterReply(
                     accepted=False, error=f"worker id {msg.worker_id} outside 0..{self.n_workers - 1}"
                 )
+            role = self.layout.roles[msg.worker_id].value
+            if (msg.role or Role.COLOCATED.value) != role:
+                return pb.RegisterReply(
+                    accepted=False,
+                    error=f"worker {msg.worker_id} has the {msg.role or 'colocated'} role, "
+                    f"{self.layout.name} gives it the {role} role",
+                )
             old = self.workers.get(msg.worker_id)
             if old is not None:
                 if old.address == msg.address and old.pid == msg.pid:
@@ -287,7 +345,7 @@ class SchedulerCore:
             channel = rpc.channel(msg.address)
             info = WorkerInfo(
                 msg.worker_id, msg.address, msg.pages, msg.vocab, msg.mask_id, tuple(msg.eos_ids),
-                msg.model, msg.device, msg.pid, channel, pb_grpc.WorkerStub(channel),
+                msg.model, msg.device, msg.pid, channel, pb_grpc.WorkerStub(channel), role,
             )  # fmt: skip
             self.workers[msg.worker_id] = info
             self._thread(self._send_loop, f"enqueue-{info.id}", info)
@@ -411,7 +469,23 @@ class SchedulerCore:
             iterations=self.iterations,
             failure=self.failure,
             mask_len=self.mask_len,
+            layout=self.layout.name,
+            transfers_done=self.transfers_done,
+            transfers_failed=self.transfers_failed,
+            transfer_retries=self.transfer_retries,
+            transfers_in_flight=len(self._moving),
         )
+        router = self.router
+        for wid in sorted(self.workers):
+            info = self.workers[wid]
+            state = reply.workers.add(
+                worker_id=wid,
+                role=info.role,
+                pages=info.pages,
+                free_pages=info.pages if info.free_pages is None else info.free_pages,
+            )
+            if router is not None:
+                state.router_free, state.outstanding = router.free[wid], router.outstanding[wid]
         if facts is not None:
             reply.vocab, reply.mask_id, reply.pages, reply.model = (
                 facts.vocab,
@@ -455,6 +529,16 @@ class SchedulerCore:
         self._active[tracked.id] = tracked
         self._apply(self.router.on_arrival(time.monotonic(), tracked.req))
 
+    def _on_batch(self, batch: pb.ReportBatch) -> None:
+        """One worker's report batch: its transfer events first, then its iterations."""
+        info = self.workers.get(batch.worker_id)
+        if info is not None and batch.HasField("free_pages"):
+            info.free_pages = batch.free_pages
+        if not self.failure:
+            for event in batch.transfers:
+                self._on_transfer_event(batch.worker_id, event)
+        self._on_reports(batch.worker_id, list(batch.iterations))
+
     def _on_reports(self, worker: int, reports: Sequence[pb.IterationReport]) -> None:
         self.iterations += len(reports)
         if self._log is not None and self._log_file is not None:
@@ -468,13 +552,16 @@ class SchedulerCore:
 
     def _on_report(self, worker: int, report: pb.IterationReport) -> None:
         assert self.router is not None
-        prefilled, finished = [], []
+        prefilled, handoffs, finished = [], [], []
         for entry in report.prefilled:
             tracked = self._current(entry.request_id, entry.block, worker)
             if tracked is not None and tracked.req is not None:
                 rec = tracked.req.record
                 rec.prefill_start, rec.prefill_end = entry.prefill_start, entry.prefill_end
                 prefilled.append(tracked.req)
+                if entry.handoff:
+                    tracked.handoff_tokens = list(entry.block_tokens)
+                    handoffs.append(tracked.req)
         for done in report.finished:
             tracked = self._current(done.request_id, done.block, worker)
             if tracked is None or tracked.req is None:
@@ -496,7 +583,7 @@ class SchedulerCore:
                 self.done += 1
             self._publish(tracked)
         if prefilled or finished:
-            outcome = Outcome(tuple(prefilled), (), tuple(finished))
+            outcome = Outcome(tuple(prefilled), tuple(handoffs), tuple(finished))
             self._apply(self.router.on_iteration(time.monotonic(), worker, outcome))
 
     def _current(self, rid: int, block: int, worker: int) -> Tracked | None:
@@ -507,10 +594,11 @@ class SchedulerCore:
             return None
         return tracked
 
-    def _apply(self, actions: Sequence[object]) -> None:
+    def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
-            if not isinstance(action, Dispatch):
-                raise NotImplementedError(f"{type(action).__name__} actions need KV transfer (not live yet)")
+            if isinstance(action, Transfer):
+                self._start_transfer(action)
+                continue
             tracked = self._active[action.req.id]
             req = action.req
             work = pb.BlockWork(
@@ -527,6 +615,106 @@ class SchedulerCore:
             if tracked.status == pb.QUEUED:
                 tracked.status = pb.RUNNING
                 self._publish(tracked)
+
+    # ---- KV transfers (core thread) ------------------------------------------------------------------
+
+    def _start_transfer(self, action: Transfer) -> None:
+        """The router reserved the destination's pages: order the first attempt at both ends."""
+        req = action.req
+        tracked = self._active[req.id]
+        moving = Moving(
+            next(self._transfer_ids), tracked, req, req.block, action.src, action.dst, time.monotonic(),
+            list(tracked.handoff_tokens),
+        )  # fmt: skip
+        self._moving[moving.id] = moving
+        self._attempt(moving)
+
+    def _attempt(self, moving: Moving) -> None:
+        tracked, req = moving.tracked, moving.req
+        moving.attempt += 1
+        moving.sent = moving.received = None
+        moving.generation = self._generations.get((moving.src, moving.dst), 0)
+        send = pb.TransferOrder(
+            kind=pb.SEND, transfer_id=moving.id, attempt=moving.attempt, request_id=req.id,
+            block=moving.block, peer=moving.dst, generation=moving.generation, pages=req.pages,
+            tag=next(self._tags) % (1 << 31),
+        )  # fmt: skip
+        work = pb.BlockWork(
+            request_id=req.id,
+            arrival=req.arrival,
+            block=moving.block,
+            prompt_len=req.prompt_len,
+            mask_len=req.mask_len,
+            tokens=tracked.prompt + tracked.generated,
+            forwards=tracked.planned[moving.block] if tracked.planned else 0,
+            sampling=tracked.sampling,
+        )
+        receive = pb.TransferOrder()
+        receive.CopyFrom(send)
+        receive.kind, receive.peer, receive.step = pb.RECEIVE, moving.src, 1
+        receive.work.CopyFrom(work)
+        receive.block_tokens.extend(moving.block_tokens)
+        self.workers[moving.dst].outbox.put(receive)
+        self.workers[moving.src].outbox.put(send)
+
+    def _on_transfer_event(self, worker: int, event: pb.TransferEvent) -> None:
+        moving = self._moving.get(event.transfer_id)
+        if moving is not None and moving.done and event.kind == pb.SEND and event.attempt == moving.attempt:
+            return  # the send's end, reported after the destination's: nothing left to decide
+        if moving is None or (event.kind != pb.RELEASE and (moving.done or event.attempt != moving.attempt)):
+            log.warning("worker %d reported a stale event of KV transfer %d", worker, event.transfer_id)
+            return
+        assert self.router is not None
+        now = time.monotonic()
+        if event.kind == pb.RELEASE:  # the source's pages are free: the transfer is over
+            del self._moving[moving.id]
+            if not event.ok:
+                log.error("worker %d could not release transfer %d: %s", worker, moving.id, event.error)
+            self._apply(self.router.on_transfer_done(now, moving.req, moving.src))
+            return
+        if event.kind == pb.SEND:
+            moving.sent = event
+        else:
+            moving.received = event
+            if moving.link_start is None:
+                moving.link_start = max(event.start, moving.decided)
+        if event.kind == pb.RECEIVE and event.ok:  # the destination decodes it already
+            rec = moving.req.blocks[moving.block]
+            rec.transfer_start, rec.transfer_end = moving.link_start, event.end
+            self.transfers_done += 1
+            self._release(moving)
+            return
+        if moving.sent is None or moving.received is None:
+            return  # the attempt is decided once both ends are done with it
+        reason = moving.received.error or moving.sent.error or "unknown"
+        pair = (moving.src, moving.dst)
+        self._generations[pair] = max(self._generations.get(pair, 0), moving.generation + 1)
+        log.warning("KV transfer %d attempt %d failed: %s", moving.id, moving.attempt, reason)
+        if moving.attempt < self.transfer_attempts:
+            self.transfer_retries += 1
+            self._attempt(moving)
+            return
+        self.transfers_failed += 1
+        # The destination freed its pages when its receive failed; the Router has no event that returns a
+        # reservation, so the driver gives the pages back to its tally (see the closing note of issue 4).
+        self.router.free[moving.dst] += moving.req.pages
+        self._release(moving)
+        tracked = moving.tracked
+        if self._active.pop(tracked.id, None) is not None:
+            self._error(
+                tracked,
+                f"KV transfer of block {moving.block} from worker {moving.src} to worker {moving.dst} failed "
+                f"after {moving.attempt} attempts: {reason}",
+            )
+
+    def _release(self, moving: Moving) -> None:
+        """Tell the source to free the block's pages (its RELEASE event returns them to the tally)."""
+        moving.done = True
+        order = pb.TransferOrder(
+            kind=pb.RELEASE, transfer_id=moving.id, attempt=moving.attempt, request_id=moving.req.id,
+            block=moving.block, peer=moving.dst, pages=moving.req.pages,
+        )  # fmt: skip
+        self.workers[moving.src].outbox.put(order)
 
     def _log_row(self, report: pb.IterationReport) -> None:
         base = self.first_arrival or 0.0
@@ -566,7 +754,8 @@ class SchedulerCore:
     # ---- per-worker threads ----------------------------------------------------------------------------
 
     def _send_loop(self, info: WorkerInfo) -> None:
-        """Carry dispatched blocks to one worker, batching whatever queued up meanwhile."""
+        """Carry dispatched blocks and transfer orders to one worker, batching whatever queued up meanwhile
+        (the worker takes a call's blocks, then its orders; the order among orders is kept)."""
         with suppress(grpc.FutureTimeoutError):  # connect now, not on the first dispatch
             grpc.channel_ready_future(info.channel).result(timeout=rpc.CALL_TIMEOUT_S)
         while True:
@@ -582,7 +771,10 @@ class SchedulerCore:
                 if item is None:
                     return
                 batch.append(item)
-            message = pb.EnqueueBatch(blocks=batch)
+            message = pb.EnqueueBatch(
+                blocks=[b for b in batch if isinstance(b, pb.BlockWork)],
+                transfers=[t for t in batch if isinstance(t, pb.TransferOrder)],
+            )
             for attempt in range(ENQUEUE_ATTEMPTS):
                 try:
                     info.stub.Enqueue(message, timeout=rpc.CALL_TIMEOUT_S)
@@ -644,7 +836,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         return self.core.register(request)
 
     def Report(self, request: pb.ReportBatch, context: grpc.ServicerContext) -> pb.ReportReply:
-        self.core._post(self.core._on_reports, request.worker_id, list(request.iterations))
+        self.core._post(self.core._on_batch, request)
         return pb.ReportReply()
 
 
@@ -686,6 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", default="colocated")
     parser.add_argument("--mask-len", type=int, default=1024)
     parser.add_argument("--theta", type=int, default=8192)
+    parser.add_argument(
+        "--transfer-attempts", type=int, default=TRANSFER_ATTEMPTS, help="per KV transfer, before ERROR"
+    )
     parser.add_argument("--seed", type=int, default=0, help="router tie-breaks (the sim's 'router' stream)")
     parser.add_argument("--stop-at-eos", action="store_true", help="end a request after the block with EOS")
     parser.add_argument("--host", default="127.0.0.1", help="client-facing address")
@@ -712,6 +907,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_at_eos=args.stop_at_eos,
             iteration_log=args.iteration_log,
             mode=args.mode,
+            transfer_attempts=args.transfer_attempts,
         )
         server = SchedulerServer(core, args.host, args.port, args.control_port)
     except (ValueError, OSError) as err:

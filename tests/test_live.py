@@ -190,8 +190,8 @@ def test_record_round_trip_keeps_every_time() -> None:
 
 def test_unsupported_mode_and_short_mask_are_usage_errors(tmp_path: Path) -> None:
     before = child_pids(os.getpid())
-    with pytest.raises(ValueError, match="not supported live yet"):
-        run_live(live_args(["--workers", "8", "--mode", "5P3C"]))
+    with pytest.raises(ValueError, match="names 8 workers but 2 are started"):  # 5P3C runs live: issue 4
+        run_live(live_args(["--workers", "2", "--mode", "5P3C"]))
     trace = write_trace(tmp_path / "t.csv", 3, qps=5.0, prompt=(4, 8), output=(100, 120), seed=0)
     with pytest.raises(ValueError, match="raise --mask-len"):
         run_live(

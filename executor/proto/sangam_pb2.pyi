@@ -16,6 +16,12 @@ class RequestStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR: _ClassVar[RequestStatus]
     NOT_FOUND: _ClassVar[RequestStatus]
 
+class TransferKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEND: _ClassVar[TransferKind]
+    RECEIVE: _ClassVar[TransferKind]
+    RELEASE: _ClassVar[TransferKind]
+
 class ItemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PREFILL: _ClassVar[ItemKind]
@@ -27,6 +33,9 @@ RUNNING: RequestStatus
 DONE: RequestStatus
 ERROR: RequestStatus
 NOT_FOUND: RequestStatus
+SEND: TransferKind
+RECEIVE: TransferKind
+RELEASE: TransferKind
 PREFILL: ItemKind
 DECODE: ItemKind
 
@@ -151,6 +160,12 @@ class StatusReply(_message.Message):
         "pages",
         "eos_ids",
         "model",
+        "layout",
+        "workers",
+        "transfers_done",
+        "transfers_failed",
+        "transfer_retries",
+        "transfers_in_flight",
     )
     READY_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +181,12 @@ class StatusReply(_message.Message):
     PAGES_FIELD_NUMBER: _ClassVar[int]
     EOS_IDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     workers_expected: int
     workers_registered: int
@@ -180,6 +201,12 @@ class StatusReply(_message.Message):
     pages: int
     eos_ids: _containers.RepeatedScalarFieldContainer[int]
     model: str
+    layout: str
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
+    transfers_done: int
+    transfers_failed: int
+    transfer_retries: int
+    transfers_in_flight: int
     def __init__(
         self,
         ready: _Optional[bool] = ...,
@@ -196,6 +223,36 @@ class StatusReply(_message.Message):
         pages: _Optional[int] = ...,
         eos_ids: _Optional[_Iterable[int]] = ...,
         model: _Optional[str] = ...,
+        layout: _Optional[str] = ...,
+        workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ...,
+        transfers_done: _Optional[int] = ...,
+        transfers_failed: _Optional[int] = ...,
+        transfer_retries: _Optional[int] = ...,
+        transfers_in_flight: _Optional[int] = ...,
+    ) -> None: ...
+
+class WorkerState(_message.Message):
+    __slots__ = ("worker_id", "role", "pages", "free_pages", "router_free", "outstanding")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_FREE_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    role: str
+    pages: int
+    free_pages: int
+    router_free: int
+    outstanding: int
+    def __init__(
+        self,
+        worker_id: _Optional[int] = ...,
+        role: _Optional[str] = ...,
+        pages: _Optional[int] = ...,
+        free_pages: _Optional[int] = ...,
+        router_free: _Optional[int] = ...,
+        outstanding: _Optional[int] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):
@@ -295,7 +352,18 @@ class ShutdownReply(_message.Message):
     def __init__(self) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "pages", "vocab", "mask_id", "eos_ids", "model", "device", "pid")
+    __slots__ = (
+        "worker_id",
+        "address",
+        "pages",
+        "vocab",
+        "mask_id",
+        "eos_ids",
+        "model",
+        "device",
+        "pid",
+        "role",
+    )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +373,7 @@ class RegisterRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     pages: int
@@ -314,6 +383,7 @@ class RegisterRequest(_message.Message):
     model: str
     device: str
     pid: int
+    role: str
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -325,6 +395,7 @@ class RegisterRequest(_message.Message):
         model: _Optional[str] = ...,
         device: _Optional[str] = ...,
         pid: _Optional[int] = ...,
+        role: _Optional[str] = ...,
     ) -> None: ...
 
 class RegisterReply(_message.Message):
@@ -366,10 +437,101 @@ class BlockWork(_message.Message):
     ) -> None: ...
 
 class EnqueueBatch(_message.Message):
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "transfers")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockWork]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockWork, _Mapping]]] = ...) -> None: ...
+    transfers: _containers.RepeatedCompositeFieldContainer[TransferOrder]
+    def __init__(
+        self,
+        blocks: _Optional[_Iterable[_Union[BlockWork, _Mapping]]] = ...,
+        transfers: _Optional[_Iterable[_Union[TransferOrder, _Mapping]]] = ...,
+    ) -> None: ...
+
+class TransferOrder(_message.Message):
+    __slots__ = (
+        "kind",
+        "transfer_id",
+        "attempt",
+        "request_id",
+        "block",
+        "peer",
+        "generation",
+        "tag",
+        "pages",
+        "work",
+        "block_tokens",
+        "step",
+    )
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    kind: TransferKind
+    transfer_id: int
+    attempt: int
+    request_id: int
+    block: int
+    peer: int
+    generation: int
+    tag: int
+    pages: int
+    work: BlockWork
+    block_tokens: _containers.RepeatedScalarFieldContainer[int]
+    step: int
+    def __init__(
+        self,
+        kind: _Optional[_Union[TransferKind, str]] = ...,
+        transfer_id: _Optional[int] = ...,
+        attempt: _Optional[int] = ...,
+        request_id: _Optional[int] = ...,
+        block: _Optional[int] = ...,
+        peer: _Optional[int] = ...,
+        generation: _Optional[int] = ...,
+        tag: _Optional[int] = ...,
+        pages: _Optional[int] = ...,
+        work: _Optional[_Union[BlockWork, _Mapping]] = ...,
+        block_tokens: _Optional[_Iterable[int]] = ...,
+        step: _Optional[int] = ...,
+    ) -> None: ...
+
+class TransferEvent(_message.Message):
+    __slots__ = ("kind", "transfer_id", "attempt", "ok", "error", "start", "end", "bytes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    kind: TransferKind
+    transfer_id: int
+    attempt: int
+    ok: bool
+    error: str
+    start: float
+    end: float
+    bytes: int
+    def __init__(
+        self,
+        kind: _Optional[_Union[TransferKind, str]] = ...,
+        transfer_id: _Optional[int] = ...,
+        attempt: _Optional[int] = ...,
+        ok: _Optional[bool] = ...,
+        error: _Optional[str] = ...,
+        start: _Optional[float] = ...,
+        end: _Optional[float] = ...,
+        bytes: _Optional[int] = ...,
+    ) -> None: ...
 
 class EnqueueReply(_message.Message):
     __slots__ = ("accepted",)
@@ -448,21 +610,27 @@ class IterationStats(_message.Message):
     ) -> None: ...
 
 class Prefilled(_message.Message):
-    __slots__ = ("request_id", "block", "prefill_start", "prefill_end")
+    __slots__ = ("request_id", "block", "prefill_start", "prefill_end", "handoff", "block_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     PREFILL_START_FIELD_NUMBER: _ClassVar[int]
     PREFILL_END_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     block: int
     prefill_start: float
     prefill_end: float
+    handoff: bool
+    block_tokens: _containers.RepeatedScalarFieldContainer[int]
     def __init__(
         self,
         request_id: _Optional[int] = ...,
         block: _Optional[int] = ...,
         prefill_start: _Optional[float] = ...,
         prefill_end: _Optional[float] = ...,
+        handoff: _Optional[bool] = ...,
+        block_tokens: _Optional[_Iterable[int]] = ...,
     ) -> None: ...
 
 class BlockDone(_message.Message):
@@ -514,15 +682,21 @@ class IterationReport(_message.Message):
     ) -> None: ...
 
 class ReportBatch(_message.Message):
-    __slots__ = ("worker_id", "iterations")
+    __slots__ = ("worker_id", "iterations", "transfers", "free_pages")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     iterations: _containers.RepeatedCompositeFieldContainer[IterationReport]
+    transfers: _containers.RepeatedCompositeFieldContainer[TransferEvent]
+    free_pages: int
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
         iterations: _Optional[_Iterable[_Union[IterationReport, _Mapping]]] = ...,
+        transfers: _Optional[_Iterable[_Union[TransferEvent, _Mapping]]] = ...,
+        free_pages: _Optional[int] = ...,
     ) -> None: ...
 
 class ReportReply(_message.Message):

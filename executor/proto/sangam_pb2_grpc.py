@@ -504,7 +504,7 @@ class WorkerServicer:
     """Each worker process serves this, plus grpc.health.v1.Health."""
 
     def Enqueue(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Blocks to prefill and KV transfer orders (disaggregated and hybrid layouts)."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")

@@ -581,6 +581,19 @@ def fit_link(points: Sequence[tuple[int, float]]) -> Fit:
     return Fit(latency, 1.0 / (slope * 1e9), 1.0 - ss_res / ss_tot, worst)
 
 
+def recorded_command(argv: Sequence[str]) -> str:
+    """The command line that made a profile, without `--out DIR` (a path of the measuring machine)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg == "--out":
+            skip = not skip
+            continue
+        if arg.startswith("--out="):
+            continue
+        kept.append(arg if arg.startswith("-") or " " not in arg else repr(arg))
+    return " ".join(["python -m executor.kv_transfer", *kept])
+
+
 def _bench(args: argparse.Namespace) -> int:
     """One end of the measurement (a child process of `measure`); rank 0 prints the points as JSON."""
     from sangam.hardware import PAGE, lookup_model
@@ -700,7 +713,7 @@ def measure(args: argparse.Namespace) -> Path:
             "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
         },
         "measured": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "python -m executor.kv_transfer " + " ".join(sys.argv[1:]),
+        "command": recorded_command(sys.argv[1:]),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -757,7 +770,7 @@ def fit_results(args: argparse.Namespace) -> Path:
         "transfers": len(points),
         "points": [{"bytes": b, "seconds": round(t, 6)} for b, t in sorted(points)],
         "live_config": summary.get("config", {}),
-        "command": "python -m executor.kv_transfer " + " ".join(sys.argv[1:]),
+        "command": recorded_command(sys.argv[1:]),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -599,7 +599,8 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         indices = args.gpus if args.gpus is not None else list(range(count))
         if indices and max(indices) >= count:
             raise ValueError(f"--gpus {','.join(map(str, indices))}: only {count} CUDA devices are visible")
-        workers = gpu_workers(indices) if indices else cpu_workers(1)
+        # no GPU: as many CPU workers as the mode names (one for plain colocated)
+        workers = gpu_workers(indices) if indices else cpu_workers(parse_mode(args.mode, 1).num_workers)
     on_cpu = workers[0].device == "cpu"
     layout = parse_mode(args.mode, len(workers))
     if layout.num_workers != len(workers):

@@ -3,7 +3,9 @@
 The loads are placed relative to the simulated knee: the lowest swept QPS at which the simulated
 mean end-to-end latency exceeds twice its value at the lowest rate; the three loads are 30%, 60%
 and 90% of it unless given. Live and sim runs share the seed, hence the lengths, arrivals and every
-block's forwards (the live workers force the progress model's schedule), and the KV pages.
+block's forwards (the live workers force the progress model's schedule), and the KV pages (the sim takes
+the live run's). Disaggregated and hybrid layouts also compare each pool's queueing and the KV transfer
+time; `--link` gives the simulator a measured link profile.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from rich.table import Table
 
 from profiles.store import Profile, load_profile
 from sangam.config import RunConfig, synthetic_rows
+from sim.cluster import LinkSpec
+from sim.links import load_link
 from sim.run import simulate
 
 COMPARED = (
@@ -28,19 +32,24 @@ COMPARED = (
     "mean_queue_ms",
     "p99_queue_ms",
     "mean_decode_ms",
+    # disaggregated and hybrid layouts: the queue of each pool and the KV transfer (zero, so left out, else)
+    "mean_prefill_queue_ms",
+    "mean_decode_queue_ms",
+    "mean_transfer_ms",
+    "p99_transfer_ms",
 )
 SWEEP = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)  # QPS per worker
 SHARES = (("low", 0.3), ("medium", 0.6), ("near knee", 0.9))
 
 
-def knee(base: RunConfig, profile: Profile) -> float:
+def knee(base: RunConfig, profile: Profile, link: LinkSpec) -> float:
     """The lowest swept QPS whose simulated mean e2e latency is over twice the lowest rate's."""
     cost = profile.cost_model()
     workers = base.layout.num_workers
     first = None
     for per_worker in SWEEP:
         cfg = dataclasses.replace(base, qps=per_worker * workers)
-        mean = simulate(cfg, synthetic_rows(cfg), cost).summary["mean_e2el_ms"]
+        mean = simulate(cfg, synthetic_rows(cfg), cost, link=link).summary["mean_e2el_ms"]
         first = first or mean
         if mean > 2 * first:
             return per_worker * workers
@@ -62,7 +71,8 @@ def run_validate(args: argparse.Namespace) -> int:
         mode=args.mode, model=args.model, gpu=args.gpu, gpus=args.gpus, num_requests=args.num_requests,
         seed=args.seed, pages=profile.kv_pages,
     )  # fmt: skip
-    loads = args.qps or [round(share * knee(base, profile), 2) for _, share in SHARES]
+    link = load_link(args.link) if args.link else LinkSpec()
+    loads = args.qps or [round(share * knee(base, profile, link), 2) for _, share in SHARES]
     common = ["--mode", args.mode, "--model", args.model, "--gpu", args.gpu, "--seed", str(args.seed)]
     common += ["--num-requests", str(args.num_requests)]
     points = []
@@ -73,12 +83,14 @@ def run_validate(args: argparse.Namespace) -> int:
             live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
             if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:
                 raise RuntimeError(f"the live run at {qps:g} QPS failed")
+        live = read_summary(live_dir)
         sim_dir = args.out / f"sim-qps{qps:g}"
         sim_args = ["sim", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(sim_dir)]
-        sim_args += ["--pages", str(profile.kv_pages)]
+        sim_args += ["--pages", str(live.get("config", {}).get("pages") or profile.kv_pages)]
+        sim_args += ["--link", args.link] if args.link else []
         if sangam(sim_args) != 0:
             raise RuntimeError(f"the simulation at {qps:g} QPS failed")
-        live, sim = read_summary(live_dir), read_summary(sim_dir)
+        sim = read_summary(sim_dir)
         points.append({"load": label, "qps": qps, "live": live, "sim": sim, "error_pct": compare(live, sim)})
     path = args.report or Path("benchmarks/results") / f"validate-{args.model}-{args.gpu}-{args.mode}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,14 +105,15 @@ def read_summary(directory: Path) -> dict[str, Any]:
 
 
 def print_report(points: list[dict[str, Any]], path: Path) -> None:
-    table = Table(title="sangam validate: simulator vs live", caption=f"report: {path}")
-    for name in ("load", "QPS", *(f"{key} live / sim (err %)" for key in COMPARED)):
+    table = Table(title="sangam validate: simulator vs live (seconds)", caption=f"report: {path}")
+    keys = [k for k in COMPARED if any(k in p["error_pct"] for p in points)]
+    for name in ("load", "QPS", *(f"{key} live / sim (err %)" for key in keys)):
         table.add_column(name, justify="right")
     for p in points:
         errors = p["error_pct"]
         cells = [
             f"{p['live'][k] / 1000:.2f} / {p['sim'][k] / 1000:.2f} ({errors.get(k, float('nan')):+.1f})"
-            for k in COMPARED
+            for k in keys
         ]
         table.add_row(p["load"], f"{p['qps']:g}", *cells)
     Console(width=200).print(table)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sangam.args import positive_float, positive_int
+from sangam.args import non_negative_float, positive_float, positive_int
 from sangam.batcher import Policy
 from sangam.config import RunConfig
 
@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress", help="forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, empirical:FILE"
     )
     sim.add_argument("--link-gbps", type=positive_float, default=100.0, help="KV link bandwidth, GB/s")
-    sim.add_argument("--link-latency-ms", type=float, default=1.0, help="KV link latency, ms")
+    sim.add_argument("--link-latency-ms", type=non_negative_float, default=1.0, help="KV link latency, ms")
+    sim.add_argument(
+        "--link",
+        help="measured KV link profile: a name in profiles/data/links or a JSON file (replaces --link-gbps "
+        "and --link-latency-ms)",
+    )
     sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
     sim.add_argument(
         "--cost",
@@ -99,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--live-results", type=Path, help="compare with the live runs already in this directory (live-qpsQ/)"
     )
     validate.add_argument("--report", type=Path, help="report JSON (default: benchmarks/results/...)")
+    validate.add_argument("--link", help="the simulator's KV link profile (disaggregated and hybrid modes)")
 
     explorer = commands.add_parser("app", help="open the what-if explorer (Streamlit) on 127.0.0.1")
     from app.launch import add_app_arguments
@@ -159,6 +165,7 @@ def run_sim(args: argparse.Namespace) -> int:
     from sangam.results import ITERATION_COLUMNS, write_csv, write_results
     from sangam.traces import read_steps, read_trace
     from sim.cluster import LinkSpec
+    from sim.links import load_link
     from sim.run import simulate
 
     rates = [q for group in args.qps for q in group]
@@ -180,7 +187,8 @@ def run_sim(args: argparse.Namespace) -> int:
         kind, _, path = args.progress.partition(":")
         progress = empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(args.progress)
     file_rows = None if configs[0].is_synthetic else read_trace(Path(args.trace))
-    link = LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
+    link = load_link(args.link) if args.link else LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
+    kv_link = {"source": args.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s}
     results = []
     for cfg in configs:
         if file_rows is None:
@@ -190,7 +198,7 @@ def run_sim(args: argparse.Namespace) -> int:
         result = simulate(
             cfg, rows, cost, progress=progress, link=link, log_iterations=bool(args.iteration_log)
         )
-        result.summary["cost_model"] = cost_name
+        result.summary.update(cost_model=cost_name, kv_link=kv_link)
         results.append(result)
         several = len(configs) > 1
         if args.out:

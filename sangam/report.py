@@ -27,8 +27,11 @@ COLUMNS = (
 def print_sim_table(summaries: Sequence[dict[str, Any]], title: str = "sangam sim") -> None:
     """One row per QPS point."""
     cfg = summaries[0]["config"]
+    devices = cfg.get("devices")  # live runs: what the workers ran on
+    where = cfg["gpu"] if not devices or devices[0] != "cpu" else f"{len(devices)} CPU workers"
+    model = cfg.get("live_model", cfg["model"])
     caption = (
-        f"{cfg['layout']}  {cfg['model']} on {cfg['gpu']}  trace {cfg['trace']}  policy {cfg['policy']}  "
+        f"{cfg['layout']}  {model} on {where}  trace {cfg['trace']}  policy {cfg['policy']}  "
         f"tau {cfg['budget']}  theta {cfg['theta']}  {cfg['num_requests']} requests  seed {cfg['seed']}"
     )
     table = Table(title=title, caption=caption)

@@ -12,7 +12,9 @@ import pytest
 from test_sim import check_algorithm1
 
 from sangam.cli import main
+from sangam.hardware import lookup_model
 from sangam.results import ITERATION_COLUMNS
+from sim.links import LINKS_DIR
 
 
 def test_sim_prints_a_table_and_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,6 +55,26 @@ def test_sim_replays_a_trace_file(tmp_path: Path) -> None:
     assert summary["completed"] == 2
 
 
+def test_sim_charges_transfers_with_a_measured_link_profile(tmp_path: Path) -> None:
+    profile = json.loads((LINKS_DIR / "h200-gloo-shared.json").read_text())
+    out = tmp_path / "out"
+    args = ["sim", "--mode", "1P1D", "--model", "dream-7b", "--gpu", "h200", "--num-requests", "30"]
+    assert main([*args, "--qps", "1", "--link", "h200-gloo-shared", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    measured = {"gb_per_s": profile["gb_per_s"], "latency_s": profile["latency_s"]}
+    assert summary["kv_link"] == {"source": "h200-gloo-shared", **measured}
+    per_token = lookup_model("dream-7b").kv_bytes_per_token
+    with (out / "requests.csv").open() as f:
+        seq_len = {row["request_id"]: int(row["seq_len"]) for row in csv.DictReader(f)}
+    with (out / "blocks.csv").open() as f:
+        blocks = list(csv.DictReader(f))
+    moved = [b for b in blocks if int(b["forwards"]) > 1]  # a one-forward block ends with its prefill
+    assert moved and all(b["transfer_start"] for b in moved)
+    for b in moved:
+        expected = profile["latency_s"] + seq_len[b["request_id"]] * per_token / (profile["gb_per_s"] * 1e9)
+        assert float(b["transfer_end"]) - float(b["transfer_start"]) == pytest.approx(expected)
+
+
 def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
     path = tmp_path / "trace.csv"
     assert main(["trace", "--dataset", "arxiv", "-n", "300", "-o", str(path)]) == 0
@@ -77,6 +99,8 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--progress", "fixed:99"], "progress"),
         (["--trace", "missing.csv"], "missing.csv"),
         (["--pages", "10"], "KV pages"),
+        (["--link", "no-such-link"], "no link profile"),
+        (["--link-latency-ms", "-1"], ">= 0"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from live_helpers import child_pids, live_args, wait_gone, write_trace
 
-from executor.kv_transfer import fit_link
+from executor.kv_transfer import fit_link, recorded_command
 from executor.live import (
     ClusterSpec,
     LocalCluster,
@@ -160,6 +160,13 @@ def test_link_fit_recovers_latency_and_bandwidth() -> None:
     fit = fit_link(points)
     assert fit.gb_per_s == pytest.approx(3.0, rel=1e-6) and fit.latency_s == pytest.approx(0.002, rel=1e-6)
     assert fit.r2 == pytest.approx(1.0) and fit.max_rel_error < 1e-6
+
+
+def test_a_profile_records_its_command_without_the_measuring_machines_paths() -> None:
+    argv = ["measure", "--name", "x", "--out", "/some/dir", "--note", "two words", "--out=/elsewhere"]
+    assert recorded_command(argv) == "python -m executor.kv_transfer measure --name x --note 'two words'"
+    for path in LINKS_DIR.glob("*.json"):
+        assert " /" not in json.loads(path.read_text())["command"]  # no absolute path
 
 
 def test_measured_cpu_gloo_profile_drives_the_simulated_link(tmp_path: Path) -> None:

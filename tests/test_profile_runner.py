@@ -48,3 +48,8 @@ def test_compare_gives_signed_percent_errors() -> None:
     live = {"mean_e2el_ms": 1000.0, "p99_e2el_ms": 2000.0, "mean_queue_ms": 0.0}
     sim = {"mean_e2el_ms": 1100.0, "p99_e2el_ms": 1900.0, "mean_queue_ms": 5.0}
     assert compare(live, sim) == {"mean_e2el_ms": 10.0, "p99_e2el_ms": -5.0}
+    # a colocated run moves no KV: its zero transfer time is left out, a disaggregated one's compared
+    live.update(mean_transfer_ms=0.0)
+    assert "mean_transfer_ms" not in compare(live, sim | {"mean_transfer_ms": 3.0})
+    live.update(mean_transfer_ms=50.0)
+    assert compare(live, sim | {"mean_transfer_ms": 40.0})["mean_transfer_ms"] == -20.0

@@ -695,14 +695,7 @@ def measure(args: argparse.Namespace) -> Path:
         "staging": "pinned host memory" if args.transport == "gloo" and args.device != "cpu" else "none",
         "path": "pack the pages of every layer -> send -> receive -> scatter into pages; seconds from the "
         "sender's start to the receiver's end, median of the repeats",
-        "gb_per_s": round(fit.gb_per_s, 4),
-        "latency_s": round(fit.latency_s, 6),
-        "fit": {
-            "model": "seconds = latency_s + bytes / (gb_per_s * 1e9)",
-            "method": "least squares weighted by 1/seconds^2",
-            "r2": round(fit.r2, 5),
-            "max_rel_error": round(fit.max_rel_error, 4),
-        },
+        **fit_fields(fit),
         **raw,
         "points": points,
         "host": {
@@ -715,12 +708,30 @@ def measure(args: argparse.Namespace) -> Path:
         "measured": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": recorded_command(sys.argv[1:]),
     }
-    out_dir = Path(args.out)
+    return write_profile(profile, fit, Path(args.out), "")
+
+
+def fit_fields(fit: Fit) -> dict[str, Any]:
+    """A link profile's fitted figures, as `sim.links.load_link` reads them."""
+    return {
+        "gb_per_s": round(fit.gb_per_s, 4),
+        "latency_s": round(fit.latency_s, 6),
+        "fit": {
+            "model": "seconds = latency_s + bytes / (gb_per_s * 1e9)",
+            "method": "least squares weighted by 1/seconds^2",
+            "r2": round(fit.r2, 5),
+            "max_rel_error": round(fit.max_rel_error, 4),
+        },
+    }
+
+
+def write_profile(profile: dict[str, Any], fit: Fit, out_dir: Path, source: str) -> Path:
+    """Write `out_dir/<name>.json` and say what was fitted; the file's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{args.name}.json"
+    path = out_dir / f"{profile['name']}.json"
     path.write_text(json.dumps(profile, indent=2) + "\n")
     print(
-        f"{args.name}: {fit.gb_per_s:.3f} GB/s, latency {1000 * fit.latency_s:.3f} ms "
+        f"{profile['name']}: {fit.gb_per_s:.3f} GB/s, latency {1000 * fit.latency_s:.3f} ms{source} "
         f"(R^2 {fit.r2:.4f}, worst point off by {100 * fit.max_rel_error:.1f}%); wrote {path}"
     )
     return path
@@ -759,28 +770,13 @@ def fit_results(args: argparse.Namespace) -> Path:
         "description": args.note,
         "source": f"the KV transfers of a sangam live run ({summary.get('config', {}).get('layout', '?')}, "
         f"{model}): seconds from the destination's link thread taking a transfer to the KV in its pages",
-        "gb_per_s": round(fit.gb_per_s, 4),
-        "latency_s": round(fit.latency_s, 6),
-        "fit": {
-            "model": "seconds = latency_s + bytes / (gb_per_s * 1e9)",
-            "method": "least squares weighted by 1/seconds^2",
-            "r2": round(fit.r2, 5),
-            "max_rel_error": round(fit.max_rel_error, 4),
-        },
+        **fit_fields(fit),
         "transfers": len(points),
         "points": [{"bytes": b, "seconds": round(t, 6)} for b, t in sorted(points)],
         "live_config": summary.get("config", {}),
         "command": recorded_command(sys.argv[1:]),
     }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{args.name}.json"
-    path.write_text(json.dumps(profile, indent=2) + "\n")
-    print(
-        f"{args.name}: {fit.gb_per_s:.3f} GB/s, latency {1000 * fit.latency_s:.3f} ms from {len(points)} "
-        f"live transfers (R^2 {fit.r2:.4f}, worst point off by {100 * fit.max_rel_error:.1f}%); wrote {path}"
-    )
-    return path
+    return write_profile(profile, fit, Path(args.out), f" from {len(points)} live transfers")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ class Request:
     blocks: list[BlockRecord] = field(default_factory=list)
     seq_len: int = field(init=False)  # S: the tokens every prefill of this request runs over
     pages: int = field(init=False)  # KV pages a block holds
+    record: BlockRecord = field(init=False)  # the current block's record (the last one once finished)
 
     def __post_init__(self) -> None:
         if len(self.steps) != self.n_blocks:
@@ -52,14 +53,11 @@ class Request:
         self.pages = pages_for(self.seq_len)
         if not self.blocks:
             self.blocks.append(BlockRecord(ready=self.arrival))
+        self.record = self.blocks[min(self.block, len(self.blocks) - 1)]
 
     @property
     def n_blocks(self) -> int:
         return -(-self.output_len // BLOCK)
-
-    @property
-    def record(self) -> BlockRecord:
-        return self.blocks[self.block]
 
     @property
     def remaining_steps(self) -> int:
@@ -76,4 +74,5 @@ class Request:
         self.block += 1
         self.step = 0
         if not self.finished:
-            self.blocks.append(BlockRecord(ready=now))
+            self.record = BlockRecord(ready=now)
+            self.blocks.append(self.record)

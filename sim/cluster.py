@@ -75,6 +75,7 @@ class SimWorker:
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         env, batcher, cluster = self.env, self.batcher, self.cluster
+        seconds, timeout, logging = cluster.cost.seconds, env.timeout, cluster.log is not None
         while True:
             if not batcher.has_work:
                 self._idle = env.event()
@@ -82,14 +83,14 @@ class SimWorker:
                 continue
             start = env.now
             mb = batcher.next_microbatch(start)
-            step = cluster.cost.seconds(mb)
+            step = seconds(mb)
             run = batcher.run_length(mb)
             if run > 1:
                 run = yield from self._stretch(start, step, run)
             else:
-                yield env.timeout(step)
+                yield timeout(step)
             cluster.iterations += run
-            if cluster.log is not None:
+            if logging:
                 cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))
             outcome = batcher.complete(mb, env.now, run)
             if outcome.prefilled or outcome.finished:

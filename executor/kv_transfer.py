@@ -39,7 +39,6 @@ import platform
 import queue
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from executor.ports import free_port
 
 log = logging.getLogger("sangam.kv_transfer")
 
@@ -82,14 +83,6 @@ def _delta(seconds: float) -> datetime.timedelta:
 def open_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> dist.TCPStore:
     """The rendezvous store: worker 0 hosts it, the others connect (retrying up to `timeout_s`)."""
     return dist.TCPStore(host, port, is_master=is_master, timeout=_delta(timeout_s), wait_for_workers=False)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for the store: worker 0 binds it shortly after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

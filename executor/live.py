@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
+from executor.ports import free_port
 from sangam.batcher import Policy
 from sangam.config import RunConfig
 from sangam.hardware import ACTIVATION_RESERVE_GIB, BLOCK, GIB, MEMORY_UTILISATION, lookup_gpu, lookup_model
@@ -309,14 +309,6 @@ def shared_gpu_pages(model: str, gpu: str, per_gpu: int) -> int:
         spec.weight_bytes + ACTIVATION_RESERVE_GIB * GIB
     )
     return max(int(free // per_gpu // spec.page_bytes), 0)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (worker 0 binds the KV rendezvous store on it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:

@@ -83,6 +83,9 @@ class MeasuredCostModel:
     def __init__(self, coefficients: Coefficients, buckets: Sequence[int] = ()) -> None:
         self.coefficients = coefficients
         self.buckets = tuple(sorted(buckets))
+        # the smallest bucket holding n decodes, for n = 0..largest (0: none, run eagerly)
+        largest = self.buckets[-1] if self.buckets else 0
+        self._bucket_of = tuple(next((b for b in self.buckets if b >= n), 0) for n in range(largest + 1))
 
     def seconds(self, mb: Microbatch) -> float:
         """`predict` over `Features.of(Shape.of(mb))`, inlined: the simulator calls it every iteration."""
@@ -96,7 +99,8 @@ class MeasuredCostModel:
             squares += req.seq_len * req.seq_len
         context = sum([req.seq_len for req in mb.decodes])
         items = n_decodes + n_prefills
-        bucket = 0 if n_prefills else next((b for b in self.buckets if b >= n_decodes), 0)
+        table = self._bucket_of
+        bucket = 0 if n_prefills or n_decodes >= len(table) else table[n_decodes]
         tokens += BLOCK * (bucket or n_decodes)
         seconds = c.overhead + c.per_item * items + c.per_token * max(tokens, c.knee)
         seconds += c.per_square * squares + c.per_context * context

@@ -98,6 +98,8 @@ class Batcher:
         self.hand_off = hand_off
         self.decodes: list[Request] = []
         self.deficit = 0
+        self._tau = config.tau
+        self._cap = 1 if config.policy is Policy.FASTDLLM else config.max_decodes  # decodes seated at once
         self._waiting: list[tuple[float, int, Request]] = []
         self._ready: deque[Request] = deque()  # prefilled, holding pages, waiting for a decode seat
         self._run_head: tuple[int, bool] | None = None  # head prefill (length, lacks pages) of a run
@@ -175,12 +177,12 @@ class Batcher:
         self._run_head = None
         if mb.prefills or not mb.decodes:
             return 1
-        bound = min(r.steps[r.block] - r.step for r in mb.decodes)
+        bound = min([r.steps[r.block] - r.step for r in mb.decodes])
         if not self._waiting or self.config.policy is Policy.FASTDLLM:
             return bound  # nothing can be admitted while these decodes run
         head = self._waiting[0][2]
         self._run_head = (head.seq_len, not self.pool.can_allocate(head.pages))
-        fresh = self.config.tau - mb.decode_tokens
+        fresh = self._tau - mb.decode_tokens
         if self._run_head[1] or fresh <= 0:
             return bound  # pages free only when a block ends; or the budget never grows
         # budget of repeat i is deficit_after + i * fresh; the head gets in at the first >= S
@@ -189,7 +191,7 @@ class Batcher:
     def repeated(self, mb: Microbatch, forwards: int) -> list[Microbatch]:
         """`mb` and the `forwards - 1` iterations that repeat it (see `run_length`)."""
         out = [mb]
-        fresh = self.config.tau - mb.decode_tokens
+        fresh = self._tau - mb.decode_tokens
         for _ in range(forwards - 1):
             before = out[-1].deficit_after
             budget = fresh + before
@@ -203,19 +205,18 @@ class Batcher:
         return out
 
     def _seat_ready(self, now: float) -> None:
-        cap = 1 if self.config.policy is Policy.FASTDLLM else self.config.max_decodes
-        while self._ready and len(self.decodes) < cap:
+        while self._ready and len(self.decodes) < self._cap:
             req = self._ready.popleft()
             req.record.decode_start = now
             self.decodes.append(req)
 
     def _decode_only(self) -> Microbatch:
         before, self.deficit = self.deficit, 0
-        budget = self.config.tau - BLOCK * len(self.decodes) + before
+        budget = self._tau - BLOCK * len(self.decodes) + before
         return Microbatch(tuple(self.decodes), (), len(self._waiting), before, budget, 0)
 
     def _admit(self, now: float) -> Microbatch:
-        fresh = self.config.tau - BLOCK * len(self.decodes)
+        fresh = self._tau - BLOCK * len(self.decodes)
         before = self.deficit
         budget = fresh + before
         waiting = len(self._waiting)

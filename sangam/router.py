@@ -148,14 +148,16 @@ class Router:
 
     def _decode_target(self, req: Request) -> int | None:
         """The decode-role worker with the most free pages, if the KV fits there."""
-        most = max(self.free[w] for w in self.decode_pool)
+        free = self.free
+        most = max([free[w] for w in self.decode_pool])
         if most < req.pages:
             return None
-        return self._tie_break([w for w in self.decode_pool if self.free[w] == most])
+        return self._tie_break([w for w in self.decode_pool if free[w] == most])
 
     def _least_loaded(self, workers: Sequence[int]) -> int:
-        least = min(self.outstanding[w] for w in workers)
-        return self._tie_break([w for w in workers if self.outstanding[w] == least])
+        load = self.outstanding
+        least = min([load[w] for w in workers])
+        return self._tie_break([w for w in workers if load[w] == least])
 
     def _tie_break(self, workers: list[int]) -> int:
         return workers[0] if len(workers) == 1 else self.rng.choice(workers)

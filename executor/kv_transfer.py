@@ -816,10 +816,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "_bench":
         return _bench(args)
-    if args.command == "fit-results":
-        fit_results(args)
-    else:
-        measure(args)
+    try:
+        if args.command == "fit-results":
+            fit_results(args)
+        else:
+            measure(args)
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        print(f"kv_transfer: error: {one_line(err)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -44,7 +44,7 @@ from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
 from executor.ports import free_port
 from sangam.batcher import Policy
 from sangam.config import RunConfig
-from sangam.hardware import ACTIVATION_RESERVE_GIB, BLOCK, GIB, MEMORY_UTILISATION, lookup_gpu, lookup_model
+from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Kind, Layout, parse_mode
 from sangam.request import Request
 
@@ -300,15 +300,6 @@ def resolve_transport(requested: str, workers: Sequence[WorkerSpec]) -> str:
     if requested not in KV_TRANSPORTS:
         raise ValueError(f"unknown KV transport {requested!r} (known: auto, {', '.join(KV_TRANSPORTS)})")
     return requested
-
-
-def shared_gpu_pages(model: str, gpu: str, per_gpu: int) -> int:
-    """KV pages per worker when `per_gpu` workers share one GPU: `sangam.hardware.kv_pages` split."""
-    spec, card = lookup_model(model), lookup_gpu(gpu)
-    free = card.memory_gib * MEMORY_UTILISATION * GIB - per_gpu * (
-        spec.weight_bytes + ACTIVATION_RESERVE_GIB * GIB
-    )
-    return max(int(free // per_gpu // spec.page_bytes), 0)
 
 
 def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
@@ -612,7 +603,7 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
     pages = args.pages or (TINY_PAGES if tiny else None)
     per_gpu = max((sum(w.gpu == g for w in workers) for g in {w.gpu for w in workers}), default=1)
     if pages is None and not on_cpu and per_gpu > 1:  # the GPU's KV memory is split between its workers
-        pages = shared_gpu_pages(spec_name, args.gpu, per_gpu)
+        pages = kv_pages(lookup_model(spec_name), lookup_gpu(args.gpu), per_gpu)
     transport = resolve_transport(args.kv_transport, workers)
     config = RunConfig(
         mode=args.mode,

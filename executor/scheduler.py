@@ -206,6 +206,20 @@ def request_from_record(record: pb.RequestRecord, *, shift: float = 0.0) -> Requ
     return req
 
 
+def block_work(tracked: Tracked, req: Request, block: int) -> pb.BlockWork:
+    """What a worker needs to run `block` of `req`: the whole sequence's ids so far, and its schedule."""
+    return pb.BlockWork(
+        request_id=req.id,
+        arrival=req.arrival,
+        block=block,
+        prompt_len=req.prompt_len,
+        mask_len=req.mask_len,
+        tokens=tracked.prompt + tracked.generated,
+        forwards=tracked.planned[block] if tracked.planned else 0,
+        sampling=tracked.sampling,
+    )
+
+
 class SchedulerCore:
     """Central state, the router, and the single thread that changes them."""
 
@@ -600,18 +614,7 @@ class SchedulerCore:
                 self._start_transfer(action)
                 continue
             tracked = self._active[action.req.id]
-            req = action.req
-            work = pb.BlockWork(
-                request_id=req.id,
-                arrival=req.arrival,
-                block=req.block,
-                prompt_len=req.prompt_len,
-                mask_len=req.mask_len,
-                tokens=tracked.prompt + tracked.generated,
-                forwards=tracked.planned[req.block] if tracked.planned else 0,
-                sampling=tracked.sampling,
-            )
-            self.workers[action.worker].outbox.put(work)
+            self.workers[action.worker].outbox.put(block_work(tracked, action.req, action.req.block))
             if tracked.status == pb.QUEUED:
                 tracked.status = pb.RUNNING
                 self._publish(tracked)
@@ -639,16 +642,7 @@ class SchedulerCore:
             block=moving.block, peer=moving.dst, generation=moving.generation, pages=req.pages,
             tag=next(self._tags) % (1 << 31),
         )  # fmt: skip
-        work = pb.BlockWork(
-            request_id=req.id,
-            arrival=req.arrival,
-            block=moving.block,
-            prompt_len=req.prompt_len,
-            mask_len=req.mask_len,
-            tokens=tracked.prompt + tracked.generated,
-            forwards=tracked.planned[moving.block] if tracked.planned else 0,
-            sampling=tracked.sampling,
-        )
+        work = block_work(tracked, req, moving.block)
         receive = pb.TransferOrder()
         receive.CopyFrom(send)
         receive.kind, receive.peer, receive.step = pb.RECEIVE, moving.src, 1
@@ -695,9 +689,6 @@ class SchedulerCore:
             self._attempt(moving)
             return
         self.transfers_failed += 1
-        # The destination freed its pages when its receive failed; the Router has no event that returns a
-        # reservation, so the driver gives the pages back to its tally (see the closing note of issue 4).
-        self.router.free[moving.dst] += moving.req.pages
         self._release(moving)
         tracked = moving.tracked
         if self._active.pop(tracked.id, None) is not None:
@@ -706,6 +697,8 @@ class SchedulerCore:
                 f"KV transfer of block {moving.block} from worker {moving.src} to worker {moving.dst} failed "
                 f"after {moving.attempt} attempts: {reason}",
             )
+        # the destination freed its pages when its receive failed
+        self._apply(self.router.on_transfer_failed(now, moving.req, moving.dst))
 
     def _release(self, moving: Moving) -> None:
         """Tell the source to free the block's pages (its RELEASE event returns them to the tally)."""

@@ -473,15 +473,12 @@ class WorkerProcess:
         except queue.Empty:
             return
         while True:
-            self._handle(item)
+            for work in item:
+                self.engine.admit(work)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
-
-    def _handle(self, works: list[pb.BlockWork]) -> None:
-        for work in works:
-            self.engine.admit(work)
 
     def _send_loop(self) -> None:
         while True:

@@ -81,11 +81,12 @@ MEMORY_UTILISATION = 0.9  # share of GPU memory the worker may take
 ACTIVATION_RESERVE_GIB = 8.0  # activations, CUDA graphs and workspace kept out of the KV pool
 
 
-def kv_pages(model: ModelSpec, gpu: GPUSpec) -> int:
-    """Default KV pages per worker: usable memory minus weights and activations."""
-    free = gpu.memory_gib * MEMORY_UTILISATION * GIB - model.weight_bytes
-    free -= ACTIVATION_RESERVE_GIB * GIB
-    return max(int(free // model.page_bytes), 0)
+def kv_pages(model: ModelSpec, gpu: GPUSpec, workers_per_gpu: int = 1) -> int:
+    """Default KV pages per worker: usable memory minus weights and activations, split between the
+    workers that share the GPU (each holds its own weights)."""
+    free = gpu.memory_gib * MEMORY_UTILISATION * GIB
+    free -= workers_per_gpu * (model.weight_bytes + ACTIVATION_RESERVE_GIB * GIB)
+    return max(int(free // workers_per_gpu // model.page_bytes), 0)
 
 
 def lookup_model(name: str) -> ModelSpec:

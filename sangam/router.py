@@ -89,6 +89,11 @@ class Router:
         self.free[src] += req.pages
         return self._drain(now)
 
+    def on_transfer_failed(self, now: float, req: Request, dst: int) -> list[Action]:
+        """`req`'s KV never reached `dst` (the request is given up): its reservation there is void."""
+        self.free[dst] += req.pages
+        return self._drain(now)
+
     def _drain(self, now: float) -> list[Action]:
         """Completed prefills first, then new prefills; each queue strictly head-of-line."""
         if not self._decode_ready and not self._pending:

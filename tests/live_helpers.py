@@ -20,6 +20,18 @@ def live_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def replay(argv: Sequence[str]) -> float:
+    """`sangam live` with `argv` to a successful end; its wall seconds. Fails if a process outlived it."""
+    from executor.live import run_live
+
+    before = child_pids(os.getpid())
+    started = time.monotonic()
+    assert run_live(live_args(argv)) == 0
+    wall = time.monotonic() - started
+    assert child_pids(os.getpid()) <= before, "a scheduler or worker process outlived the run"
+    return wall
+
+
 def write_trace(
     path: Path, n: int, *, qps: float, prompt: tuple[int, int], output: tuple[int, int], seed: int
 ) -> Path:

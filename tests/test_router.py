@@ -88,6 +88,19 @@ def test_disaggregated_holds_prefilled_kv_until_decode_pages_free_up() -> None:
     assert r.num_pending == 1  # a's next block waits: the prefill worker still holds b's KV
 
 
+def test_a_failed_transfer_voids_the_reservation_and_lets_the_held_kv_move() -> None:
+    r = router("1P1D", pages=10)
+    a, b = make_request(1, 16 * 8, arrival=0, steps=(3,)), make_request(2, 16 * 8, arrival=1, steps=(3,))
+    r.on_arrival(0.0, a)
+    (ta,) = r.on_iteration(1.0, 0, prefilled(a, handoff=True))
+    assert ta == Transfer(a, 0, 1) and r.free[1] == 2
+    r.on_transfer_done(1.1, a, 0)  # the source released a's pages (the attempt failed, a is given up)
+    r.on_arrival(1.2, b)
+    assert r.on_iteration(2.0, 0, prefilled(b, handoff=True)) == []  # a's void reservation blocks b
+    assert r.on_transfer_failed(2.5, a, 1) == [Transfer(b, 0, 1)]
+    assert r.free[1] == 2 and r.num_decode_ready == 0
+
+
 def test_disaggregated_queues_when_no_prefill_worker_has_pages() -> None:
     r = router("1P1D", pages=10)
     a, b = make_request(1, 16 * 6, arrival=0), make_request(2, 16 * 6, arrival=1)

@@ -13,6 +13,11 @@ so page accounting stays exact (the pool simply has two pages fewer to give). Pa
 real request's pages and every real row's result is independent of them (attention is per item, every other
 op per row).
 
+In CUDA-graph mode FlashInfer sizes its query tile as if every row of the batch could sit in one item
+(total rows - items + 1), which gives an MHA model's 32-row blocks a 128-row tile from three items on and
+wastes 3/4 of the attention math. So each bucket's plan also carries `tile_entries(size)` empty entries (no
+query rows, one KV token of a padding page): they bring that bound down to 64 rows and change no output.
+
 Microbatches with a prefill, with more items than the largest bucket, or any microbatch when graphs are
 disabled run eagerly through the wrapped `ModelRunner`.
 """
@@ -42,15 +47,15 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PADDING_OWNER = -1  # the PagePool owner id of the pages padding items write to (request ids are >= 0)
 DUMMY_PAGES = pages_for(BLOCK)  # a padding item's 32 block rows fill exactly these pages
+TILE_ROWS = 64  # the query tile FlashInfer should pick for a decode block of 32 (33) rows
 _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
 
 
 def default_buckets(config: ModelConfig) -> tuple[int, ...]:
     """The decode batch sizes worth a graph for this model on an H200 (benchmarks/executor_speed.py).
 
-    In CUDA-graph mode FlashInfer sizes its query tile for the whole padded batch (128 rows once a bucket
-    holds three or more items), which wastes 3/4 of an MHA model's attention math on 32-row blocks: LLaDA-8B's
-    graphs win at 1-4 items (about 1.3-1.7x faster than eager), tie at 8 and lose from 16 on. With GQA
+    Without the empty tile entries FlashInfer gave LLaDA-8B's graphs a 128-row query tile from three items
+    on: they won at 1-4 items (about 1.3-1.7x faster than eager), tied at 8 and lost from 16 on. With GQA
     (Dream-7B, 7 query heads per KV head: 231 packed rows per item) the tile fits and graphs win up to 16
     items and tie at 32.
     """
@@ -98,6 +103,8 @@ class GraphedModelRunner:
         self.enabled = enabled
         self.shift = runner.model.config.logit_shift
         self.rows = BLOCK + self.shift  # query rows of one decode item
+        config = runner.model.config
+        self.group = config.heads // config.kv_heads  # FlashInfer packs a KV head's query heads as rows
         self.dummy_pages: list[int] = []
         self.capture_seconds = 0.0
         self._buckets: dict[int, _Bucket] = {}
@@ -187,20 +194,32 @@ class GraphedModelRunner:
         counts = [pages_for(item.seq_len) for item in items]
         if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
             raise ValueError("a page table holds fewer pages than its KV length needs")
-        pad = size - n
+        pad, entries = size - n, self.tile_entries(size)
         indptr = [0]
-        for count in counts:
+        for count in counts + [DUMMY_PAGES] * pad + [1] * entries:
             indptr.append(indptr[-1] + count)
-        for _ in range(pad):
-            indptr.append(indptr[-1] + DUMMY_PAGES)
         pages = [page for table, count in zip(tables, counts, strict=True) for page in table[:count]]
         last = [item.seq_len - (count - 1) * PAGE for item, count in zip(items, counts, strict=True)]
         return AttentionLayout(
             qo_indptr=bucket.plan.layout.qo_indptr,
             kv_indptr=torch.tensor(indptr, dtype=torch.int32),
-            kv_indices=torch.tensor(pages + self.dummy_pages * pad, dtype=torch.int32),
-            kv_last_page_len=torch.tensor(last + [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad, dtype=torch.int32),
+            kv_indices=torch.tensor(
+                pages + self.dummy_pages * pad + self.dummy_pages[:1] * entries, dtype=torch.int32
+            ),
+            kv_last_page_len=torch.tensor(
+                last + [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad + [1] * entries, dtype=torch.int32
+            ),
         )
+
+    def tile_entries(self, size: int) -> int:
+        """Empty entries that make FlashInfer's graph-mode row bound (rows - entries + 1) fit `TILE_ROWS`.
+
+        None where one item's packed rows exceed the tile anyway (GQA with a large group, like Dream-7B).
+        """
+        tile = TILE_ROWS // self.group
+        if self.rows > tile:
+            return 0
+        return max(0, size * self.rows - size + 1 - tile)
 
     def host_milliseconds(self, reset: bool = True) -> dict[str, float]:
         """Mean host time per replay spent packing, in FlashInfer's plan, and launching (graph plus copy)."""
@@ -280,8 +299,8 @@ class GraphedModelRunner:
                 kv_dtype=self.cache.layers[0].dtype,
                 device=device,
                 workspace=self._workspace,
-                cuda_graph_batch=size,
-                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size,
+                cuda_graph_batch=size + self.tile_entries(size),
+                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size + self.tile_entries(size),
             )
         else:
             backend = TorchAttention()
@@ -291,25 +310,33 @@ class GraphedModelRunner:
         """FlashInfer's float workspace for a graph of `size` items, an upper bound of what `plan` takes.
 
         In CUDA-graph mode FlashInfer always splits KV and sizes its partial outputs for a padded number of
-        work tiles, heads * tiles * cta_tile_q * (head_dim + 1) fp32 values: over 128 MiB (the eager
-        workspace) for Dream at 32 items.
+        work tiles (one more per entry, empty ones included), heads * tiles * cta_tile_q * (head_dim + 1)
+        fp32 values: over 128 MiB (the eager workspace) for Dream at 32 items.
         """
         config = self.model.config
-        group = config.heads // config.kv_heads
+        entries = size + self.tile_entries(size)
         sms = torch.cuda.get_device_properties(self.model.device).multi_processor_count
         need = 0
         for tile in (16, 64, 128):  # FlashInfer picks the CTA tile from the rows: take the worst
-            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * group // tile) + size - 1)
+            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * self.group // tile) + entries - 1)
             need = max(need, config.heads * tiles * tile * (config.head_dim + 1) * 4)
         return max(need + (16 << 20), WORKSPACE_BYTES)
 
     def _padding_layout(self, size: int) -> AttentionLayout:
-        """`size` padding items, each a block of 32 positions over the dummy pages."""
+        """`size` padding items, each a block of 32 positions over the dummy pages, then the tile entries."""
+        entries = self.tile_entries(size)
+        rows = torch.arange(size + 1, dtype=torch.int32) * self.rows
+        pages = torch.arange(size + 1, dtype=torch.int32) * DUMMY_PAGES
+        tail = torch.arange(1, entries + 1, dtype=torch.int32)
         return AttentionLayout(
-            qo_indptr=torch.arange(size + 1, dtype=torch.int32) * self.rows,
-            kv_indptr=torch.arange(size + 1, dtype=torch.int32) * DUMMY_PAGES,
-            kv_indices=torch.tensor(self.dummy_pages * size, dtype=torch.int32),
-            kv_last_page_len=torch.full((size,), BLOCK - (DUMMY_PAGES - 1) * PAGE, dtype=torch.int32),
+            qo_indptr=torch.cat([rows, rows[-1] + 0 * tail]),
+            kv_indptr=torch.cat([pages, pages[-1] + tail]),
+            kv_indices=torch.tensor(
+                self.dummy_pages * size + self.dummy_pages[:1] * entries, dtype=torch.int32
+            ),
+            kv_last_page_len=torch.tensor(
+                [BLOCK - (DUMMY_PAGES - 1) * PAGE] * size + [1] * entries, dtype=torch.int32
+            ),
         )
 
     def _run(self, bucket: _Bucket) -> Tensor:

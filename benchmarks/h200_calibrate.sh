@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Calibration calls on the lent H200 (run from the repository root, wheels carried in .whl), for LLaDA-8B:
+#   bash benchmarks/h200_calibrate.sh STEP...   with STEP one of
+#     graphs      the GPU tests of FlashInfer and the decode CUDA graphs (pytest -m gpu)
+#     profile     `sangam profile --model llada-8b --gpu h200` -> $OUT/profile/h200/llada-8b.*
+#     speed       benchmarks.executor_speed for LLaDA-8B -> $OUT/speed-llada.json
+#     live:QPS    the live half of `sangam validate --mode colocated` at QPS, 300 requests ->
+#                 $OUT/validate/live-qpsQPS/ (the simulator half runs here, with --live-results)
+# A profile step also installs the new profile into the checkout there, for the steps after it.
+# Each step has its own time limit, so what finished comes back when a later one does not.
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD"
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+    timeout "$limit" "$@"; local rc=$?; echo "## $name: exit $rc after $((SECONDS - t0)) s"; return $rc; }
+
+step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
+for what in "$@"; do
+    case $what in
+        graphs) step graphs 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/executor/test_flashinfer_gpu.py || exit 1 ;;
+        profile)
+            step profile 240 python3 -m sangam.cli profile --model llada-8b --gpu h200 --out "$OUT/profile" &&
+                cp "$OUT"/profile/h200/llada-8b.* profiles/data/h200/ ;;
+        speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
+        live:*)
+            qps=${what#live:}
+            step "live $qps" 590 python3 -m sangam.cli live --mode colocated --model llada-8b --gpu h200 \
+                --gpus 1 --seed 0 --num-requests 300 --qps "$qps" --out "$OUT/validate/live-qps$qps" \
+                --iteration-log "$OUT/validate/live-qps$qps/iterations.csv" ;;
+        *) echo "unknown step $what"; exit 2 ;;
+    esac
+done

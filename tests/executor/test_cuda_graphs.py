@@ -1,0 +1,74 @@
+"""The padded static decode path of `GraphedModelRunner` on CPU (`capture=False`): layouts and results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from executor.attention import TorchAttention
+from executor.cuda_graphs import TILE_ROWS, GraphedModelRunner
+from executor.forward import ModelRunner
+from executor.kv_cache import PagedKVCache
+from executor.microbatch import ForwardItem, Phase
+from executor.models import Family, random_model, tiny
+from sangam.hardware import pages_for
+from sangam.kv import PagePool
+
+BUCKETS = (1, 2, 4, 8)
+
+
+def decoding_runner(family: Family, requests: int) -> tuple[ModelRunner, list[ForwardItem]]:
+    """A tiny fp32 model with `requests` prefilled sequences and the decode item of each one's block."""
+    model = random_model(tiny(family), dtype=torch.float32, seed=1, std=0.1)
+    cache = PagedKVCache.for_model(PagePool(96), model.config, dtype=torch.float32, device="cpu")
+    runner = ModelRunner(model, cache, TorchAttention())
+    decodes = []
+    for rid in range(requests):
+        prompt = 40 + 23 * rid
+        ids = torch.randint(0, model.config.mask_id, (prompt,), generator=torch.Generator().manual_seed(rid))
+        tokens: Tensor = torch.cat([ids, torch.full((64,), model.config.mask_id)])
+        cache.pool.allocate(rid, pages_for(len(tokens)))
+        runner.forward([ForwardItem(rid, Phase.PREFILL, tokens, prompt)])
+        decodes.append(ForwardItem(rid, Phase.DECODE, tokens, prompt))
+    return runner, decodes
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_padded_static_decode_equals_eager_decode(family: Family) -> None:
+    runner, decodes = decoding_runner(family, requests=6)
+    graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
+    assert not graphed.captured
+    for n in (1, 3, 4, 6):  # 3 and 6 run in buckets 4 and 8 with padding items
+        items = decodes[:n]
+        assert graphed.bucket_for(items) == next(b for b in BUCKETS if b >= n)
+        torch.testing.assert_close(graphed.forward(items), runner.forward(items), rtol=1e-4, atol=1e-5)
+    graphed.close()
+
+
+def test_mha_buckets_carry_empty_entries_that_bring_the_row_bound_to_one_tile() -> None:
+    runner, decodes = decoding_runner(Family.LLADA, requests=3)
+    graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
+    for size in BUCKETS:
+        layout = graphed._buckets[size].plan.layout
+        rows = layout.qo_indptr.tolist()
+        entries = graphed.tile_entries(size)
+        assert layout.num_items == size + entries
+        assert rows[-1] == size * graphed.rows and rows[size:] == [rows[size]] * (entries + 1)
+        assert rows[-1] - layout.num_items + 1 <= TILE_ROWS  # FlashInfer's graph-mode bound: a 64-row tile
+        assert entries == (0 if size <= 2 else size * 32 - size + 1 - TILE_ROWS)
+    # a replay's layout keeps the same entries behind the real and padding items
+    with torch.inference_mode():
+        replay = graphed._pack(decodes[:3], graphed._buckets[4])
+    assert replay.num_items == 4 + graphed.tile_entries(4)
+    assert replay.kv_lens[:3] == [item.seq_len for item in decodes[:3]]
+    assert replay.kv_lens[4:] == [1] * graphed.tile_entries(4)
+    graphed.close()
+
+
+def test_gqa_with_a_large_group_gets_no_entries() -> None:
+    runner, _ = decoding_runner(Family.DREAM, requests=1)
+    graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
+    # tiny Dream: 2 query heads per KV head, 33 rows per item: 66 packed rows never fit a 64-row tile
+    assert graphed.group == 2 and all(graphed.tile_entries(size) == 0 for size in BUCKETS)
+    graphed.close()

@@ -6,7 +6,6 @@
 #     speed       benchmarks.executor_speed for LLaDA-8B -> $OUT/speed-llada.json
 #     live:QPS    the live half of `sangam validate --mode colocated` at QPS, 300 requests ->
 #                 $OUT/validate/live-qpsQPS/ (the simulator half runs here, with --live-results)
-# A profile step also installs the new profile into the checkout there, for the steps after it.
 # Each step has its own time limit, so what finished comes back when a later one does not.
 set -u
 export PYTHONUNBUFFERED=1
@@ -24,8 +23,7 @@ for what in "$@"; do
         graphs) step graphs 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
             tests/executor/test_flashinfer_gpu.py || exit 1 ;;
         profile)
-            step profile 240 python3 -m sangam.cli profile --model llada-8b --gpu h200 --out "$OUT/profile" &&
-                cp "$OUT"/profile/h200/llada-8b.* profiles/data/h200/ ;;
+            step profile 240 python3 -m sangam.cli profile --model llada-8b --gpu h200 --out "$OUT/profile" ;;
         speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
         live:*)
             qps=${what#live:}

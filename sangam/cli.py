@@ -11,7 +11,7 @@ from typing import Any
 
 from sangam.args import non_negative_float, positive_float, positive_int
 from sangam.batcher import Policy
-from sangam.config import RunConfig
+from sangam.config import CONTROL_MS, RunConfig
 
 DEFAULTS = RunConfig()
 
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--link",
         help="measured KV link profile: a name in profiles/data/links or a JSON file (replaces --link-gbps "
         "and --link-latency-ms)",
+    )
+    sim.add_argument(
+        "--control-ms",
+        type=non_negative_float,
+        default=CONTROL_MS,
+        help="control-plane delay on every dispatch, ms (default: as measured live on an H200)",
     )
     sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
     sim.add_argument(
@@ -196,9 +202,15 @@ def run_sim(args: argparse.Namespace) -> int:
         else:
             rows = with_arrival_times(cfg, file_rows[: cfg.num_requests])
         result = simulate(
-            cfg, rows, cost, progress=progress, link=link, log_iterations=bool(args.iteration_log)
+            cfg,
+            rows,
+            cost,
+            progress=progress,
+            link=link,
+            control_s=args.control_ms / 1000,
+            log_iterations=bool(args.iteration_log),
         )
-        result.summary.update(cost_model=cost_name, kv_link=kv_link)
+        result.summary.update(cost_model=cost_name, kv_link=kv_link, control_ms=args.control_ms)
         results.append(result)
         several = len(configs) > 1
         if args.out:

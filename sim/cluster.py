@@ -6,10 +6,15 @@ A decode-only microbatch that would repeat unchanged (until a block ends or the 
 prefill fits the growing budget: `Batcher.run_length`) runs as one timeout; a dispatch or an
 arriving decode cuts that stretch short at the end of the iteration in flight, so the
 result is the same as stepping every iteration.
+
+Routing is not instantaneous in a live deployment: a block's end reaches the central scheduler in a
+report, and its re-prefill reaches a worker in a message, by which time a busy worker has started its
+next iteration without it. `control_s` charges that delay to every dispatch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -50,6 +55,11 @@ class ClusterConfig:
     pages: int  # KV pages per worker
     kv_bytes_per_token: int
     link: LinkSpec = LinkSpec()
+    control_s: float = 0.0  # from a routing decision to the prefill queued on its worker
+
+    def __post_init__(self) -> None:
+        if not self.control_s >= 0:
+            raise ValueError(f"the control-plane delay must be non-negative, got {self.control_s}")
 
 
 class SimWorker:
@@ -161,12 +171,19 @@ class Cluster:
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, Dispatch):
-                target = self.workers[action.worker]
-                target.batcher.add_prefill(action.req)
-                target.wake()
-            else:
+            if not isinstance(action, Dispatch):
                 self._transfer(action)
+            elif self.config.control_s:
+                delay = self.env.timeout(self.config.control_s)
+                delay.callbacks.append(functools.partial(self._dispatch, action))
+            else:
+                self._dispatch(action)
+
+    def _dispatch(self, action: Dispatch, _: object = None) -> None:
+        """Queue the prefill on its worker (`_`: the control-delay event, when it comes from one)."""
+        target = self.workers[action.worker]
+        target.batcher.add_prefill(action.req)
+        target.wake()
 
     def _transfer(self, action: Transfer) -> None:
         """Reserve the pages on the destination now; the link carries one transfer at a time."""

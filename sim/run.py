@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sangam.config import RunConfig, build_requests
+from sangam.config import CONTROL_MS, RunConfig, build_requests
 from sangam.cost import CostModel
 from sangam.progress import ProgressModel
 from sangam.request import Request
@@ -34,9 +34,13 @@ def simulate(
     *,
     progress: ProgressModel | None = None,
     link: LinkSpec = LinkSpec(),
+    control_s: float = CONTROL_MS / 1000,
     log_iterations: bool = False,
 ) -> SimResult:
-    """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion."""
+    """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion.
+
+    `control_s`: the control plane's delay on every dispatch (default: as measured live).
+    """
     started = time.perf_counter()
     requests = build_requests(cfg, rows, progress)
     cluster_config = ClusterConfig(
@@ -47,6 +51,7 @@ def simulate(
         pages=cfg.kv_pages,
         kv_bytes_per_token=cfg.model_spec.kv_bytes_per_token,
         link=link,
+        control_s=control_s,
     )
     router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta)
     log: list[tuple[Any, ...]] | None = [] if log_iterations else None

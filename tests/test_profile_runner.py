@@ -53,3 +53,8 @@ def test_compare_gives_signed_percent_errors() -> None:
     assert "mean_transfer_ms" not in compare(live, sim | {"mean_transfer_ms": 3.0})
     live.update(mean_transfer_ms=50.0)
     assert compare(live, sim | {"mean_transfer_ms": 40.0})["mean_transfer_ms"] == -20.0
+    # nor is a colocated run's 2 ms decode queue (the pause between a block's prefill and its decodes)
+    live.update(mean_decode_queue_ms=2.3)
+    assert "mean_decode_queue_ms" not in compare(
+        live, sim | {"mean_transfer_ms": 40.0, "mean_decode_queue_ms": 0.0}
+    )

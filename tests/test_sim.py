@@ -41,12 +41,12 @@ def run_cluster(
     pages: int = 10_000,
     theta: int = 8192,
     link: LinkSpec = LinkSpec(1e12, 0.5),
+    control_s: float = 0.0,
     seed: int = 0,
 ) -> Cluster:
     layout = parse_mode(mode)
-    config = ClusterConfig(
-        layout, BatchConfig(budget=budget), BatchConfig(budget=prefill_budget), theta, pages, 1, link
-    )
+    batch, prefill_batch = BatchConfig(budget=budget), BatchConfig(budget=prefill_budget)
+    config = ClusterConfig(layout, batch, prefill_batch, theta, pages, 1, link, control_s)
     cluster = Cluster(config, cost, Router(layout, pages, random.Random(seed), theta), [])
     cluster.run(requests)
     return cluster
@@ -91,6 +91,23 @@ def test_an_arrival_cuts_a_decode_stretch_short_at_the_iteration_boundary() -> N
     assert late.blocks[0].prefill_start == 6.0  # the iteration in flight at 5.3 ends at 6.0
     assert long.blocks[0].end == 20.0
     assert len(rows(cluster)) == 20
+
+
+def test_control_delay_holds_every_dispatch_and_a_busy_worker_starts_without_it() -> None:
+    a = make_request(1, 100, arrival=0.0, steps=(2, 1))
+    b = make_request(2, 100, arrival=0.5, steps=(3,))
+    cluster = run_cluster([a, b], control_s=0.25)
+    got = [(r["start"], r["end"], r["n_decodes"], r["n_prefills"]) for r in rows(cluster)]
+    # a's prefill waits 0.25 on the idle worker; b's arrives at 0.75, mid-iteration, and joins the next one.
+    # a's first block ends at 2.25 with b decoding: its re-prefill, queued at 2.5, misses the next iteration
+    assert got == [(0.25, 1.25, 0, 1), (1.25, 2.25, 1, 1), (2.25, 3.25, 1, 0), (3.25, 4.25, 1, 1)]
+    assert a.blocks[1].ready == 2.25 and a.blocks[1].dispatch == 2.25 and a.blocks[1].prefill_start == 3.25
+    assert b.blocks[0].prefill_start == 1.25 and a.blocks[1].end == b.blocks[0].end == 4.25
+
+
+def test_a_negative_control_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        ClusterConfig(parse_mode("1C"), BatchConfig(), BatchConfig(), 8192, 100, 1, LinkSpec(), -0.1)
 
 
 def random_requests(draw: Any, n: int, max_seq: int) -> list[Request]:

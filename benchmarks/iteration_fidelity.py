@@ -1,0 +1,84 @@
+"""Where the simulator's time goes wrong, iteration by iteration: a live run's log against the profile.
+
+    python -m benchmarks.iteration_fidelity LIVE_DIR [LIVE_DIR ...] [--model llada-8b] [--gpu h200]
+
+For each live run directory (`sangam live --out DIR --iteration-log DIR/iterations.csv`), prints per
+iteration kind (decode-only by batch size, prefill-only, mixed) the count, the mean live wall time
+(`end - start`, host work included), the mean GPU time of the forward, and the profile's error on them;
+then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
+was idle meanwhile (`sangam.config.CONTROL_MS` is what the simulator charges).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from profiles.measured import Features, predict
+from profiles.shapes import Shape
+from profiles.store import load_profile
+
+
+def kind(shape: Shape) -> str:
+    if shape.prefills:
+        return "mixed" if shape.decodes else "prefill"
+    return f"decode x{min(len(shape.decodes), 5)}{'+' if len(shape.decodes) >= 5 else ''}"
+
+
+def iterations(directory: Path, model: str, gpu: str) -> None:
+    profile = load_profile(model, gpu)
+    if profile is None:
+        raise SystemExit(f"no profile of {model} on {gpu}")
+    buckets = tuple(profile.meta.get("graph_buckets", ()))
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    with (directory / "iterations.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            shape = Shape.parse(row["items"])
+            entry = sums[kind(shape)]
+            entry[0] += 1
+            entry[1] += float(row["end"]) - float(row["start"])
+            entry[2] += float(row["gpu_s"])
+            entry[3] += predict(profile.coefficients, Features.of(shape, buckets))
+    print(f"{directory}: iterations")
+    header = ("kind", "n", "live ms", "GPU ms", "profile ms", "error", "time %")
+    print("  {:<11} {:>6} {:>8} {:>7} {:>10} {:>7} {:>6}".format(*header))
+    total = sum(entry[1] for entry in sums.values())
+    for name, (n, wall, gpu_s, predicted) in sorted(sums.items()):
+        means = f"{wall / n * 1e3:>8.2f} {gpu_s / n * 1e3:>7.2f} {predicted / n * 1e3:>10.2f}"
+        error, share = 100 * (predicted - wall) / wall, 100 * wall / total
+        print(f"  {name:<11} {n:>6.0f} {means} {error:>+6.1f}% {share:>6.1f}")
+
+
+def control_delays(directory: Path) -> None:
+    with (directory / "iterations.csv").open(newline="") as f:
+        starts = sorted(float(row["start"]) for row in csv.DictReader(f))
+    delays: dict[str, list[float]] = defaultdict(list)
+    with (directory / "blocks.csv").open(newline="") as f:
+        for block in csv.DictReader(f):
+            ready, start = float(block["ready"]), float(block["prefill_start"])
+            if bisect.bisect_left(starts, start - 1e-6) <= bisect.bisect_right(starts, ready + 1e-6):
+                delays["arrival" if block["block"] == "0" else "re-prefill"].append(start - ready)
+    for name, values in sorted(delays.items()):
+        print(
+            f"  control delay, {name} on an idle worker: median {statistics.median(values) * 1e3:.2f} ms "
+            f"over {len(values)} blocks"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="live run directories")
+    parser.add_argument("--model", default="llada-8b")
+    parser.add_argument("--gpu", default="h200")
+    args = parser.parse_args()
+    for directory in args.runs:
+        iterations(directory, args.model, args.gpu)
+        control_delays(directory)
+
+
+if __name__ == "__main__":
+    main()

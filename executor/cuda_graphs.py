@@ -54,10 +54,9 @@ _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's
 def default_buckets(config: ModelConfig) -> tuple[int, ...]:
     """The decode batch sizes worth a graph for this model on an H200 (benchmarks/executor_speed.py).
 
-    Without the empty tile entries FlashInfer gave LLaDA-8B's graphs a 128-row query tile from three items
-    on: they won at 1-4 items (about 1.3-1.7x faster than eager), tied at 8 and lost from 16 on. With GQA
-    (Dream-7B, 7 query heads per KV head: 231 packed rows per item) the tile fits and graphs win up to 16
-    items and tie at 32.
+    LLaDA-8B's graphs win at 1-4 items (about 1.3-1.7x faster than eager) and, even with the tile entries
+    (whose host `plan` grows with them), tie at 8 and lose from 16 on. With GQA (Dream-7B, 7 query heads
+    per KV head: 231 packed rows per item) the tile fits and graphs win up to 16 items and tie at 32.
     """
     return (1, 2, 4) if config.heads == config.kv_heads else DEFAULT_BUCKETS
 

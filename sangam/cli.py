@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--control-ms",
         type=non_negative_float,
         default=CONTROL_MS,
-        help="control-plane delay on every dispatch, ms (default: as measured live on an H200)",
+        help="control-plane delay on every dispatch, ms (default %(default)s, as measured live on an H200)",
     )
     sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
     sim.add_argument(

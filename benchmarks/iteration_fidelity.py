@@ -76,8 +76,13 @@ def main() -> None:
     parser.add_argument("--gpu", default="h200")
     args = parser.parse_args()
     for directory in args.runs:
-        iterations(directory, args.model, args.gpu)
-        control_delays(directory)
+        try:
+            iterations(directory, args.model, args.gpu)
+            control_delays(directory)
+        except KeyError as err:
+            raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None
+        except (OSError, ValueError) as err:  # a missing file, a malformed row
+            raise SystemExit(f"iteration_fidelity: {directory}: {err}") from None
 
 
 if __name__ == "__main__":

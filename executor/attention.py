@@ -44,8 +44,8 @@ class AttentionLayout:
         if any(len(pages) < pages_for(kv_len) for pages, kv_len in zip(used, kv_lens, strict=True)):
             raise ValueError("a page table holds fewer pages than its KV length needs")
         return AttentionLayout(
-            qo_indptr=_indptr(query_lens),
-            kv_indptr=_indptr([len(pages) for pages in used]),
+            qo_indptr=indptr(query_lens),
+            kv_indptr=indptr([len(pages) for pages in used]),
             kv_indices=torch.tensor([p for pages in used for p in pages], dtype=torch.int32),
             kv_last_page_len=torch.tensor(
                 [n - (pages_for(n) - 1) * PAGE for n in kv_lens], dtype=torch.int32
@@ -62,7 +62,8 @@ class AttentionLayout:
         return [(n - 1) * PAGE + last for n, last in zip(pages, self.kv_last_page_len.tolist(), strict=True)]
 
 
-def _indptr(lengths: Sequence[int]) -> Tensor:
+def indptr(lengths: Sequence[int]) -> Tensor:
+    """CSR offsets (int32, on the host) of consecutive runs of these lengths."""
     indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
     return indptr

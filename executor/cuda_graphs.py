@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from executor.attention import AttentionBackend, AttentionLayout, TorchAttention
+from executor.attention import AttentionBackend, AttentionLayout, TorchAttention, indptr
 from executor.flashinfer_backend import WORKSPACE_BYTES, FlashInferAttention, supports
 from executor.forward import ModelRunner, PagedAttention
 from executor.kv_cache import KVSlots, PagedKVCache
@@ -193,25 +193,28 @@ class GraphedModelRunner:
         counts = [pages_for(item.seq_len) for item in items]
         if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
             raise ValueError("a page table holds fewer pages than its KV length needs")
-        pad, entries = size - n, self.tile_entries(size)
-        indptr = [0]
-        for count in counts + [DUMMY_PAGES] * pad + [1] * entries:
-            indptr.append(indptr[-1] + count)
+        tail_counts, tail_pages, tail_last = self._padding_tail(size - n, size)
         pages = [page for table, count in zip(tables, counts, strict=True) for page in table[:count]]
         last = [item.seq_len - (count - 1) * PAGE for item, count in zip(items, counts, strict=True)]
         return AttentionLayout(
             qo_indptr=bucket.plan.layout.qo_indptr,
-            kv_indptr=torch.tensor(indptr, dtype=torch.int32),
-            kv_indices=torch.tensor(
-                pages + self.dummy_pages * pad + self.dummy_pages[:1] * entries, dtype=torch.int32
-            ),
-            kv_last_page_len=torch.tensor(
-                last + [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad + [1] * entries, dtype=torch.int32
-            ),
+            kv_indptr=indptr(counts + tail_counts),
+            kv_indices=torch.tensor(pages + tail_pages, dtype=torch.int32),
+            kv_last_page_len=torch.tensor(last + tail_last, dtype=torch.int32),
+        )
+
+    def _padding_tail(self, pad: int, size: int) -> tuple[list[int], list[int], list[int]]:
+        """Page counts, pages and last-page lengths of `pad` padding items, then bucket `size`'s tile entries
+        (one KV token of a padding page each)."""
+        entries = self.tile_entries(size)
+        return (
+            [DUMMY_PAGES] * pad + [1] * entries,
+            self.dummy_pages * pad + self.dummy_pages[:1] * entries,
+            [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad + [1] * entries,
         )
 
     def tile_entries(self, size: int) -> int:
-        """Empty entries that make FlashInfer's graph-mode row bound (rows - entries + 1) fit `TILE_ROWS`.
+        """Empty entries that make FlashInfer's graph-mode row bound (rows - plan items + 1) fit `TILE_ROWS`.
 
         None where one item's packed rows exceed the tile anyway (GQA with a large group, like Dream-7B).
         """
@@ -292,14 +295,15 @@ class GraphedModelRunner:
         )
         backend: AttentionBackend
         if flashinfer:
+            entries = self.tile_entries(size)
             backend = FlashInferAttention.for_model(
                 self.model.config,
                 dtype=self.model.dtype,
                 kv_dtype=self.cache.layers[0].dtype,
                 device=device,
                 workspace=self._workspace,
-                cuda_graph_batch=size + self.tile_entries(size),
-                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size + self.tile_entries(size),
+                cuda_graph_batch=size + entries,
+                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size + entries,
             )
         else:
             backend = TorchAttention()
@@ -313,29 +317,22 @@ class GraphedModelRunner:
         fp32 values: over 128 MiB (the eager workspace) for Dream at 32 items.
         """
         config = self.model.config
-        entries = size + self.tile_entries(size)
+        items = size + self.tile_entries(size)  # plan entries, empty ones included
         sms = torch.cuda.get_device_properties(self.model.device).multi_processor_count
         need = 0
         for tile in (16, 64, 128):  # FlashInfer picks the CTA tile from the rows: take the worst
-            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * self.group // tile) + entries - 1)
+            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * self.group // tile) + items - 1)
             need = max(need, config.heads * tiles * tile * (config.head_dim + 1) * 4)
         return max(need + (16 << 20), WORKSPACE_BYTES)
 
     def _padding_layout(self, size: int) -> AttentionLayout:
         """`size` padding items, each a block of 32 positions over the dummy pages, then the tile entries."""
-        entries = self.tile_entries(size)
-        rows = torch.arange(size + 1, dtype=torch.int32) * self.rows
-        pages = torch.arange(size + 1, dtype=torch.int32) * DUMMY_PAGES
-        tail = torch.arange(1, entries + 1, dtype=torch.int32)
+        counts, pages, last = self._padding_tail(size, size)
         return AttentionLayout(
-            qo_indptr=torch.cat([rows, rows[-1] + 0 * tail]),
-            kv_indptr=torch.cat([pages, pages[-1] + tail]),
-            kv_indices=torch.tensor(
-                self.dummy_pages * size + self.dummy_pages[:1] * entries, dtype=torch.int32
-            ),
-            kv_last_page_len=torch.tensor(
-                [BLOCK - (DUMMY_PAGES - 1) * PAGE] * size + [1] * entries, dtype=torch.int32
-            ),
+            qo_indptr=indptr([self.rows] * size + [0] * self.tile_entries(size)),
+            kv_indptr=indptr(counts),
+            kv_indices=torch.tensor(pages, dtype=torch.int32),
+            kv_last_page_len=torch.tensor(last, dtype=torch.int32),
         )
 
     def _run(self, bucket: _Bucket) -> Tensor:

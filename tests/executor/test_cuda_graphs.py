@@ -66,7 +66,7 @@ def test_mha_buckets_carry_empty_entries_that_bring_the_row_bound_to_one_tile() 
     graphed.close()
 
 
-def test_gqa_with_a_large_group_gets_no_entries() -> None:
+def test_gqa_whose_packed_block_exceeds_the_tile_gets_no_entries() -> None:
     runner, _ = decoding_runner(Family.DREAM, requests=1)
     graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
     # tiny Dream: 2 query heads per KV head, 33 rows per item: 66 packed rows never fit a 64-row tile

@@ -90,14 +90,16 @@ class MeasuredCostModel:
     def seconds(self, mb: Microbatch) -> float:
         """`predict` over `Features.of(Shape.of(mb))`, inlined: the simulator calls it every iteration."""
         c = self.coefficients
-        n_decodes, n_prefills = len(mb.decodes), len(mb.prefills)
+        decodes, prefills = mb.decodes, mb.prefills
+        n_decodes, n_prefills = len(decodes), len(prefills)
         if not n_decodes and not n_prefills:
             return c.overhead
-        tokens = squares = 0
-        for req in mb.prefills:
+        tokens = squares = context = 0
+        for req in prefills:
             tokens += req.seq_len
             squares += req.seq_len * req.seq_len
-        context = sum([req.seq_len for req in mb.decodes])
+        for req in decodes:
+            context += req.seq_len
         items = n_decodes + n_prefills
         table = self._bucket_of
         bucket = 0 if n_prefills or n_decodes >= len(table) else table[n_decodes]

@@ -96,10 +96,11 @@ class Batcher:
         self.config = config
         self.pool = pool
         self.hand_off = hand_off
-        self.decodes: list[Request] = []
+        self.decodes: tuple[Request, ...] = ()  # seated; replaced, never mutated, so a microbatch shares it
         self.deficit = 0
         self._tau = config.tau
-        self._cap = 1 if config.policy is Policy.FASTDLLM else config.max_decodes  # decodes seated at once
+        self._one_only = config.policy is Policy.FASTDLLM  # one request at a time
+        self._cap = 1 if self._one_only else config.max_decodes  # decodes seated at once
         self._waiting: list[tuple[float, int, Request]] = []
         self._ready: deque[Request] = deque()  # prefilled, holding pages, waiting for a decode seat
         self._run_head: tuple[int, bool] | None = None  # head prefill (length, lacks pages) of a run
@@ -131,10 +132,9 @@ class Batcher:
 
     def next_microbatch(self, now: float) -> Microbatch:
         """Form this iteration's microbatch at time `now`."""
-        self._seat_ready(now)
-        if self.config.policy is Policy.FASTDLLM and self.decodes:
-            return self._decode_only()
-        if not self._waiting:
+        if self._ready:
+            self._seat_ready(now)
+        if not self._waiting or (self._one_only and self.decodes):
             return self._decode_only()
         return self._admit(now)
 
@@ -161,10 +161,11 @@ class Batcher:
             if req.step >= req.steps[req.block]:
                 ended.append(req)
         if ended:
-            gone = set(map(id, ended))
-            self.decodes = [r for r in self.decodes if id(r) not in gone]
+            seated = list(self.decodes)
             for req in ended:
+                seated.remove(req)
                 self._end_block(req, now, finished)
+            self.decodes = tuple(seated)
         return Outcome(mb.prefills, tuple(handoffs), tuple(finished))
 
     def run_length(self, mb: Microbatch) -> int:
@@ -177,8 +178,12 @@ class Batcher:
         self._run_head = None
         if mb.prefills or not mb.decodes:
             return 1
-        bound = min([r.steps[r.block] - r.step for r in mb.decodes])
-        if not self._waiting or self.config.policy is Policy.FASTDLLM:
+        bound = BLOCK  # forwards left in the block nearest its end (a block needs at most BLOCK)
+        for req in mb.decodes:
+            left = req.steps[req.block] - req.step
+            if left < bound:
+                bound = left
+        if not self._waiting or self._one_only:
             return bound  # nothing can be admitted while these decodes run
         head = self._waiting[0][2]
         self._run_head = (head.seq_len, not self.pool.can_allocate(head.pages))
@@ -205,22 +210,24 @@ class Batcher:
         return out
 
     def _seat_ready(self, now: float) -> None:
-        while self._ready and len(self.decodes) < self._cap:
+        seated = list(self.decodes)
+        while self._ready and len(seated) < self._cap:
             req = self._ready.popleft()
             req.record.decode_start = now
-            self.decodes.append(req)
+            seated.append(req)
+        self.decodes = tuple(seated)
 
     def _decode_only(self) -> Microbatch:
         before, self.deficit = self.deficit, 0
         budget = self._tau - BLOCK * len(self.decodes) + before
-        return Microbatch(tuple(self.decodes), (), len(self._waiting), before, budget, 0)
+        return Microbatch(self.decodes, (), len(self._waiting), before, budget, 0)
 
     def _admit(self, now: float) -> Microbatch:
         fresh = self._tau - BLOCK * len(self.decodes)
         before = self.deficit
         budget = fresh + before
         waiting = len(self._waiting)
-        one_only = self.config.policy is Policy.FASTDLLM
+        one_only = self._one_only
         admitted: list[Request] = []
         spent = 0
         blocked = False
@@ -241,9 +248,7 @@ class Batcher:
             self.deficit = int(max(0, before - max(0, spent - fresh)))
         else:
             self.deficit = int(max(budget - spent, 0)) if math.isfinite(budget) else 0
-        return Microbatch(
-            tuple(self.decodes), tuple(admitted), waiting, before, budget, self.deficit, blocked
-        )
+        return Microbatch(self.decodes, tuple(admitted), waiting, before, budget, self.deficit, blocked)
 
     def _end_block(self, req: Request, now: float, finished: list[Request]) -> None:
         self.pool.release(req.id)

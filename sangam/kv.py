@@ -26,12 +26,14 @@ class PagePool:
 
     def allocate(self, owner: int, pages: int) -> list[int]:
         """Give `owner` (a request id) `pages` pages; an owner holds one allocation at a time."""
+        free = self._free
         if owner in self._held:
             raise ValueError(f"request {owner} already holds KV pages")
-        if not self.can_allocate(pages):
-            raise MemoryError(f"request {owner} needs {pages} pages, {len(self._free)} free")
-        ids = self._free[len(self._free) - pages :]
-        del self._free[len(self._free) - pages :]
+        if pages > len(free):
+            raise MemoryError(f"request {owner} needs {pages} pages, {len(free)} free")
+        split = len(free) - pages
+        ids = free[split:]
+        del free[split:]
         self._held[owner] = ids
         return ids
 

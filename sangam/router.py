@@ -12,6 +12,7 @@ router manages: the prefill pool, and the decode-role pool that KV transfers lan
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from sangam.layout import Kind, Layout, Role
 from sangam.request import Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (frozen init is slow); never mutated
 class Dispatch:
     """Queue the current block's prefill of `req` on `worker`."""
 
@@ -29,7 +30,7 @@ class Dispatch:
     worker: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (frozen init is slow); never mutated
 class Transfer:
     """Move `req`'s KV from `src` to `dst`; pages on `dst` are already reserved."""
 
@@ -50,6 +51,7 @@ class Router:
         self.layout = layout
         self.theta = theta
         self.rng = rng
+        self._tallies_pages = layout.kind is not Kind.COLOCATED  # colocated workers manage their own
         roles = layout.roles
         self.outstanding = [0] * len(roles)
         self.free = [pages] * len(roles)
@@ -78,7 +80,7 @@ class Router:
         for req in outcome.handoffs:
             heapq.heappush(self._decode_ready, (req.arrival, req.id, req, worker))
         for req in outcome.finished:
-            if self.layout.kind is not Kind.COLOCATED:
+            if self._tallies_pages:
                 self.free[worker] += req.pages
             if not req.finished:
                 heapq.heappush(self._pending, (req.arrival, req.id, req))
@@ -124,21 +126,23 @@ class Router:
 
     def _charge(self, worker: int, req: Request) -> None:
         self.outstanding[worker] += req.seq_len
-        if self.layout.kind is not Kind.COLOCATED:
+        if self._tallies_pages:
             self.free[worker] -= req.pages
 
     def _prefill_target(self, req: Request) -> tuple[int, bool] | None:
         """Where the block's prefill goes, and whether that is an overflow."""
-        kind = self.layout.kind
+        kind, free, load = self.layout.kind, self.free, self.outstanding
         if kind is Kind.COLOCATED:
             return self._least_loaded(self.decode_pool), False
-        fits = [w for w in self.prefill_pool if self.free[w] >= req.pages]
+        limit = self.theta if kind is Kind.HYBRID else math.inf  # outstanding tokens before overflow
+        fits = []
+        for w in self.prefill_pool:
+            if free[w] >= req.pages and load[w] < limit:
+                fits.append(w)
+        if fits:
+            return self._least_loaded(fits), False
         if kind is Kind.DISAGGREGATED:
-            worker = self._least_loaded(fits) if fits else None
-            return None if worker is None else (worker, False)
-        under = [w for w in fits if self.outstanding[w] < self.theta]
-        if under:
-            return self._least_loaded(under), False
+            return None
         worker = self._overflow_target(req)
         return None if worker is None else (worker, True)
 
@@ -154,15 +158,23 @@ class Router:
     def _decode_target(self, req: Request) -> int | None:
         """The decode-role worker with the most free pages, if the KV fits there."""
         free = self.free
-        most = max([free[w] for w in self.decode_pool])
-        if most < req.pages:
-            return None
-        return self._tie_break([w for w in self.decode_pool if free[w] == most])
+        most, ties = req.pages, []  # loops, not comprehensions: this runs for every block
+        for w in self.decode_pool:
+            if free[w] > most:
+                most, ties = free[w], [w]
+            elif free[w] == most:
+                ties.append(w)
+        return self._tie_break(ties) if ties else None
 
     def _least_loaded(self, workers: Sequence[int]) -> int:
         load = self.outstanding
-        least = min([load[w] for w in workers])
-        return self._tie_break([w for w in workers if load[w] == least])
+        least, ties = load[workers[0]], []
+        for w in workers:
+            if load[w] < least:
+                least, ties = load[w], [w]
+            elif load[w] == least:
+                ties.append(w)
+        return self._tie_break(ties)
 
     def _tie_break(self, workers: list[int]) -> int:
         return workers[0] if len(workers) == 1 else self.rng.choice(workers)

@@ -14,10 +14,10 @@ next iteration without it. `control_s` charges that delay to every dispatch.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import simpy
@@ -95,28 +95,19 @@ class SimWorker:
             mb = batcher.next_microbatch(start)
             step = seconds(mb)
             run = batcher.run_length(mb)
-            if run > 1:
-                run = yield from self._stretch(start, step, run)
-            else:
-                yield timeout(step)
+            self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
+            try:
+                yield timeout(run * step)
+                self._in_run = False
+            except simpy.Interrupt:  # `wake` during the stretch: stop after the iteration in flight
+                run = min(run, max(1, math.ceil((env.now - start) / step)))
+                yield timeout(start + run * step - env.now)
             cluster.iterations += run
             if logging:
                 cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))
             outcome = batcher.complete(mb, env.now, run)
             if outcome.prefilled or outcome.finished:
                 cluster.on_iteration(self.id, outcome)
-
-    def _stretch(self, start: float, step: float, run: int) -> Generator[simpy.Event, Any, int]:
-        """Up to `run` iterations of one microbatch; fewer if new work arrives meanwhile."""
-        self._in_run = True
-        try:
-            yield self.env.timeout(run * step)
-            self._in_run = False
-            return run
-        except simpy.Interrupt:
-            done = min(run, max(1, math.ceil((self.env.now - start) / step)))
-            yield self.env.timeout(start + done * step - self.env.now)
-            return done
 
 
 class Cluster:
@@ -133,7 +124,8 @@ class Cluster:
         self.workers = [
             SimWorker(self, w, self._batcher(w, role)) for w, role in enumerate(config.layout.roles)
         ]
-        self._link_free: dict[tuple[int, int], float] = {}  # when each directed link is next idle
+        n = len(self.workers)
+        self._link_free = [[0.0] * n for _ in range(n)]  # [src][dst]: when that directed link is next idle
         self.iterations = 0
         self._left = 0
         self._all_done = self.env.event()
@@ -170,12 +162,12 @@ class Cluster:
             self.log.append(iteration_row(worker, start + i * step, start + (i + 1) * step, mb))
 
     def _apply(self, actions: list[Action]) -> None:
+        control_s = self.config.control_s
         for action in actions:
             if not isinstance(action, Dispatch):
                 self._transfer(action)
-            elif self.config.control_s:
-                delay = self.env.timeout(self.config.control_s)
-                delay.callbacks.append(functools.partial(self._dispatch, action))
+            elif control_s:
+                self.env.timeout(control_s).callbacks.append(partial(self._dispatch, action))
             else:
                 self._dispatch(action)
 
@@ -187,19 +179,19 @@ class Cluster:
 
     def _transfer(self, action: Transfer) -> None:
         """Reserve the pages on the destination now; the link carries one transfer at a time."""
-        req, src, dst = action.req, self.workers[action.src], self.workers[action.dst]
-        dst.batcher.pool.allocate(req.id, req.pages)
-        link = (src.id, dst.id)
-        start = max(self.env.now, self._link_free.get(link, 0.0))
+        req, now, link_free = action.req, self.env.now, self._link_free[action.src]
+        self.workers[action.dst].batcher.pool.allocate(req.id, req.pages)
+        start = max(now, link_free[action.dst])
         end = start + self.config.link.seconds(req.seq_len * self.config.kv_bytes_per_token)
-        self._link_free[link] = end
+        link_free[action.dst] = end
         req.record.transfer_start = start
         req.record.transfer_end = end
-        done = self.env.timeout(end - self.env.now)
-        done.callbacks.append(lambda _: self._transfer_done(req, src, dst))
+        self.env.timeout(end - now).callbacks.append(partial(self._transfer_done, action))
 
-    def _transfer_done(self, req: Request, src: SimWorker, dst: SimWorker) -> None:
-        src.batcher.release(req)
+    def _transfer_done(self, action: Transfer, _: object) -> None:
+        """The KV has landed (`_`: the transfer's event): the request decodes on its destination."""
+        req, dst = action.req, self.workers[action.dst]
+        self.workers[action.src].batcher.release(req)
         dst.batcher.add_decode(req)
         dst.wake()
-        self._apply(self.router.on_transfer_done(self.env.now, req, src.id))
+        self._apply(self.router.on_transfer_done(self.env.now, req, action.src))

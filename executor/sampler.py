@@ -58,61 +58,66 @@ class BlockStep:
 
 
 def unmask(block_tokens: Tensor, logits: Tensor, steps: Sequence[BlockStep], mask_id: int) -> Tensor:
-    """New block tokens (N, 32) after one forward, from tokens (N, 32) and logits (N, 32, vocab)."""
-    return torch.stack(
-        [
-            unmask_block(tokens, item_logits, step, mask_id)
-            for tokens, item_logits, step in zip(block_tokens, logits, steps, strict=True)
-        ]
-    )
+    """New block tokens (N, 32), on the logits' device, from tokens (N, 32) and logits (N, 32, vocab).
+
+    The whole batch is sampled with a fixed handful of kernels and no host sync: which positions are
+    masked and how many each schedule commits are read from `block_tokens`, best passed on the host.
+    """
+    host = block_tokens.cpu()
+    masked_host = host == mask_id
+    quotas, thresholds = [], []
+    for count, step in zip(masked_host.sum(-1).tolist(), steps, strict=True):
+        left = step.forwards_left
+        quotas.append(1 if left is None else schedule_quota(count, left))
+        thresholds.append(step.params.threshold if left is None else torch.inf)
+    device = logits.device
+    tokens = _to_device(host, device)
+    quota = _to_device(torch.tensor(quotas)[:, None], device)
+    threshold = _to_device(torch.tensor(thresholds)[:, None], device)
+    masked = tokens == mask_id
+    proposal, confidence = propose(logits, mask_id, steps)
+    commit = masked & (top_commits(confidence.masked_fill(~masked, -1.0), quota) | (confidence >= threshold))
+    return torch.where(commit, proposal, tokens)
 
 
-def unmask_block(block_tokens: Tensor, logits: Tensor, step: BlockStep, mask_id: int) -> Tensor:
-    """One block's tokens (32,) after committing this forward's proposals from logits (32, vocab)."""
-    masked = block_tokens == mask_id
-    if not masked.any():
-        return block_tokens
-    proposal, confidence = propose(logits, mask_id, step.params.temperature, _generator(step, logits.device))
-    confidence = confidence.masked_fill(~masked, -1.0)
-    forwards_left = step.forwards_left
-    if forwards_left is None:
-        commit = threshold_commits(confidence, masked, step.params.threshold)
-    else:
-        commit = top_commits(confidence, schedule_quota(int(masked.sum()), forwards_left))
-    return torch.where(commit, proposal, block_tokens)
-
-
-def propose(
-    logits: Tensor, mask_id: int, temperature: float, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor]:
-    """Proposed tokens (32,) and their confidence, the raw softmax probability, (32,).
+def propose(logits: Tensor, mask_id: int, steps: Sequence[BlockStep]) -> tuple[Tensor, Tensor]:
+    """Proposed tokens (N, 32) and their confidence, the raw softmax probability, (N, 32): argmax items
+    together, Gumbel-max items (temperature > 0) each with its step's generator.
 
     The mask id is never proposed: committing it would leave the position masked and break the
     at-least-one-commit guarantee (random weights do propose it).
     """
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    scores = logprobs.clone()
-    scores[:, mask_id] = -torch.inf
-    if temperature > 0.0:
-        uniform = torch.rand(scores.shape, generator=generator, device=scores.device)
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
-        scores = scores / temperature + gumbel
-    proposal = scores.argmax(dim=-1)
-    return proposal, logprobs.gather(-1, proposal[:, None]).squeeze(-1).exp()
+    logprobs[..., mask_id] = -torch.inf
+    proposal = logprobs.argmax(-1)
+    for i, step in enumerate(steps):
+        if step.params.temperature > 0.0:
+            noise = _gumbel(logprobs.shape[1:], _generator(step, logits.device))
+            proposal[i] = (logprobs[i] / step.params.temperature + noise).argmax(-1)
+    # the proposal is never the mask id, so the masked-out column does not change its confidence
+    return proposal, logprobs.gather(-1, proposal[..., None]).squeeze(-1).exp()
 
 
-def threshold_commits(confidence: Tensor, masked: Tensor, threshold: float) -> Tensor:
-    """Masked positions at or above `threshold`, plus the single most confident masked one."""
-    commit = masked & (confidence >= threshold)
-    commit[confidence.argmax()] = True
-    return commit
+def _gumbel(shape: torch.Size, generator: torch.Generator | None) -> Tensor:
+    device = generator.device if generator is not None else None
+    uniform = torch.rand(shape, generator=generator, device=device)
+    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
 
 
-def top_commits(confidence: Tensor, count: int) -> Tensor:
-    """The `count` most confident positions (`confidence` is below 0 where nothing may be committed)."""
-    commit = torch.zeros_like(confidence, dtype=torch.bool)
-    commit[confidence.topk(count).indices] = True
-    return commit
+def top_commits(confidence: Tensor, count: Tensor) -> Tensor:
+    """Per row, the `count` most confident positions, ties to the lower position (`confidence` (N, 32),
+    below 0 where nothing may be committed; `count` (N, 1))."""
+    order = confidence.argsort(dim=-1, descending=True, stable=True)
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
+    return rank < count
+
+
+def _to_device(host: Tensor, device: torch.device) -> Tensor:
+    """A copy that does not wait for the work queued on the GPU (pinned, asynchronous)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def schedule_quota(masked: int, forwards_left: int) -> int:

@@ -295,7 +295,7 @@ class Engine:
         blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
 
         logits, gpu_s = self._timed_forward(items)
-        new_blocks = unmask(blocks.to(self.device), logits, steps, self.mask_id).cpu()
+        new_blocks = unmask(blocks, logits, steps, self.mask_id).cpu()
         gpu_s = gpu_s()
         done: dict[int, Tensor] = {}
         for job, new in zip(jobs, new_blocks, strict=True):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 from executor.sampler import (
@@ -14,7 +16,9 @@ from executor.sampler import (
     commits_eos,
     ends_generation,
     propose,
-    unmask_block,
+    schedule_quota,
+    step_seed,
+    unmask,
 )
 from sangam.hardware import BLOCK
 
@@ -30,6 +34,16 @@ def peaked(tokens: list[int], probs: list[float]) -> Tensor:
         row[token] = prob
         logits[i] = row.log()
     return logits
+
+
+def unmask_block(block: Tensor, logits: Tensor, block_step: BlockStep, mask_id: int) -> Tensor:
+    """`unmask` of a batch of one."""
+    return unmask(block[None], logits[None], [block_step], mask_id)[0]
+
+
+def propose_one(logits: Tensor, temperature: float = 0.0, seed: int = 0) -> tuple[Tensor, Tensor]:
+    proposal, confidence = propose(logits[None], MASK, [step(temperature=temperature, seed=seed)])
+    return proposal[0], confidence[0]
 
 
 def masks() -> Tensor:
@@ -69,7 +83,7 @@ def test_only_masked_positions_change() -> None:
 def test_argmax_proposals_and_the_mask_id_is_never_proposed() -> None:
     logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(0))
     logits[:, MASK] = 100.0
-    proposal, confidence = propose(logits, MASK, 0.0, None)
+    proposal, confidence = propose_one(logits)
     without_mask = logits.clone()
     without_mask[:, MASK] = -torch.inf
     assert torch.equal(proposal, without_mask.argmax(-1))
@@ -82,15 +96,15 @@ def test_gumbel_sampling_is_reproducible_per_seed_block_and_step() -> None:
     first = unmask_block(masks(), flat, hot, MASK)
     assert torch.equal(first, unmask_block(masks(), flat, hot, MASK))
     other = unmask_block(masks(), flat, step(3, temperature=1.0, seed=42), MASK)
-    proposal = lambda s: propose(flat, MASK, 1.0, torch.Generator().manual_seed(s))[0]  # noqa: E731
+    proposal = lambda s: propose_one(flat, 1.0, seed=s)[0]  # noqa: E731
     assert not torch.equal(proposal(1), proposal(2))
     assert first.ne(MASK).sum() == 1 and other.ne(MASK).sum() == 1
 
 
 def test_gumbel_at_low_temperature_is_argmax() -> None:
     logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(1)) * 5
-    cold, _ = propose(logits, MASK, 1e-4, torch.Generator().manual_seed(0))
-    greedy, _ = propose(logits, MASK, 0.0, None)
+    cold, _ = propose_one(logits, 1e-4)
+    greedy, _ = propose_one(logits)
     assert torch.equal(cold, greedy)
 
 
@@ -134,3 +148,60 @@ def test_schedule_commits_the_most_confident() -> None:
 def test_schedule_rejects_steps_past_its_end() -> None:
     with pytest.raises(ValueError):
         unmask_block(masks(), torch.zeros(BLOCK, VOCAB), step(4, forwards=4), MASK)
+
+
+def reference_unmask(block: Tensor, logits: Tensor, block_step: BlockStep) -> Tensor:
+    """The per-item rule as the module docstring states it, one position at a time."""
+    masked = [i for i in range(BLOCK) if block[i] == MASK]
+    if not masked:
+        return block
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    scores = logprobs.clone()
+    scores[:, MASK] = -torch.inf
+    params = block_step.params
+    if params.temperature > 0.0:
+        generator = torch.Generator().manual_seed(step_seed(params.seed, block_step.block, block_step.step))
+        uniform = torch.rand(scores.shape, generator=generator).clamp_min(torch.finfo(torch.float32).tiny)
+        scores = scores / params.temperature - torch.log(-torch.log(uniform))
+    proposal = scores.argmax(-1)
+    confidence = {i: float(logprobs[i, proposal[i]].exp()) for i in masked}
+    by_confidence = sorted(masked, key=lambda i: -confidence[i])
+    left = block_step.forwards_left
+    if left is None:
+        chosen = {i for i in masked if confidence[i] >= params.threshold} | {by_confidence[0]}
+    else:
+        chosen = set(by_confidence[: schedule_quota(len(masked), left)])
+    out = block.clone()
+    for i in chosen:
+        out[i] = proposal[i]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(
+            st.integers(0, BLOCK),  # masked positions
+            st.sampled_from([None, 1, 2, 5, 32]),  # forwards planned (None: threshold)
+            st.sampled_from([0.0, 0.7]),  # temperature
+            st.integers(0, 2**16),  # seed of the logits and the sampler
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_batch_unmasks_each_item_as_if_alone(items: list[tuple[int, int | None, float, int]]) -> None:
+    blocks, logits, steps = [], [], []
+    for masked, forwards, temperature, seed in items:
+        generator = torch.Generator().manual_seed(seed)
+        block = torch.randint(0, MASK, (BLOCK,), generator=generator)
+        block[torch.randperm(BLOCK, generator=generator)[:masked]] = MASK
+        # a schedule never has more forwards left than masks: each forward commits at least one
+        taken = 0 if forwards is None or not masked else max(forwards - masked, 0)
+        blocks.append(block)
+        logits.append(torch.randn(BLOCK, VOCAB, generator=generator) * 3)
+        params = SamplingParams(threshold=0.2, temperature=temperature, seed=seed)
+        steps.append(BlockStep(params, block=seed % 3, step=taken, forwards=forwards))
+    out = unmask(torch.stack(blocks), torch.stack(logits), steps, MASK)
+    for i, (block, item_logits, block_step) in enumerate(zip(blocks, logits, steps, strict=True)):
+        assert torch.equal(out[i], reference_unmask(block, item_logits, block_step))

@@ -83,29 +83,30 @@ class MeasuredCostModel:
     def __init__(self, coefficients: Coefficients, buckets: Sequence[int] = ()) -> None:
         self.coefficients = coefficients
         self.buckets = tuple(sorted(buckets))
-        # the smallest bucket holding n decodes, for n = 0..largest (0: none, run eagerly)
+        c = coefficients
+        # a decode-only microbatch of n decodes, n = 0..largest bucket, costs `fixed + per_context * context
+        # + graph`: the terms fixed by n (n > 0 replays the smallest bucket holding n as a CUDA graph)
         largest = self.buckets[-1] if self.buckets else 0
-        self._bucket_of = tuple(next((b for b in self.buckets if b >= n), 0) for n in range(largest + 1))
+        self._decode_only = [(c.overhead, 0.0)]
+        for n in range(1, largest + 1):
+            bucket = next(b for b in self.buckets if b >= n)
+            fixed = c.overhead + c.per_item * n + c.per_token * max(BLOCK * bucket, c.knee)
+            self._decode_only.append((fixed, c.graph + c.per_graph_item * n))
 
     def seconds(self, mb: Microbatch) -> float:
         """`predict` over `Features.of(Shape.of(mb))`, inlined: the simulator calls it every iteration."""
         c = self.coefficients
-        decodes, prefills = mb.decodes, mb.prefills
-        n_decodes, n_prefills = len(decodes), len(prefills)
-        if not n_decodes and not n_prefills:
-            return c.overhead
-        tokens = squares = context = 0
+        prefills, n_decodes = mb.prefills, len(mb.decodes)
+        context = 0
+        for req in mb.decodes:
+            context += req.seq_len
+        if not prefills and n_decodes < len(self._decode_only):
+            fixed, graph = self._decode_only[n_decodes]
+            return fixed + c.per_context * context + graph
+        tokens = BLOCK * n_decodes  # run eagerly: every query token, no padding
+        squares = 0
         for req in prefills:
             tokens += req.seq_len
             squares += req.seq_len * req.seq_len
-        for req in decodes:
-            context += req.seq_len
-        items = n_decodes + n_prefills
-        table = self._bucket_of
-        bucket = 0 if n_prefills or n_decodes >= len(table) else table[n_decodes]
-        tokens += BLOCK * (bucket or n_decodes)
-        seconds = c.overhead + c.per_item * items + c.per_token * max(tokens, c.knee)
-        seconds += c.per_square * squares + c.per_context * context
-        if bucket:
-            seconds += c.graph + c.per_graph_item * items
-        return seconds
+        seconds = c.overhead + c.per_item * (n_decodes + len(prefills)) + c.per_token * max(tokens, c.knee)
+        return seconds + (c.per_square * squares + c.per_context * context)

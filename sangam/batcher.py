@@ -84,6 +84,9 @@ class Outcome:
     finished: tuple[Request, ...]  # blocks that ended; their pages are already free
 
 
+NOTHING_DONE = Outcome((), (), ())  # only decode steps, and no block ended
+
+
 class Batcher:
     """The per-worker scheduler; the sim and live drivers call it every iteration.
 
@@ -166,6 +169,8 @@ class Batcher:
                 seated.remove(req)
                 self._end_block(req, now, finished)
             self.decodes = tuple(seated)
+        if not mb.prefills and not finished:
+            return NOTHING_DONE
         return Outcome(mb.prefills, tuple(handoffs), tuple(finished))
 
     def run_length(self, mb: Microbatch) -> int:

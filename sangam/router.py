@@ -131,18 +131,14 @@ class Router:
 
     def _prefill_target(self, req: Request) -> tuple[int, bool] | None:
         """Where the block's prefill goes, and whether that is an overflow."""
-        kind, free, load = self.layout.kind, self.free, self.outstanding
+        kind = self.layout.kind
         if kind is Kind.COLOCATED:
-            return self._least_loaded(self.decode_pool), False
-        limit = self.theta if kind is Kind.HYBRID else math.inf  # outstanding tokens before overflow
-        fits = []
-        for w in self.prefill_pool:
-            if free[w] >= req.pages and load[w] < limit:
-                fits.append(w)
-        if fits:
-            return self._least_loaded(fits), False
-        if kind is Kind.DISAGGREGATED:
-            return None
+            worker = self._least_loaded(self.decode_pool)
+        else:
+            limit = self.theta if kind is Kind.HYBRID else math.inf
+            worker = self._least_loaded(self.prefill_pool, req.pages, limit)
+        if worker is not None or kind is not Kind.HYBRID:
+            return None if worker is None else (worker, False)
         worker = self._overflow_target(req)
         return None if worker is None else (worker, True)
 
@@ -152,13 +148,12 @@ class Router:
         backlog = sum(entry[2].pages for entry in self._decode_ready)
         if sum(self.free[w] for w in self.decode_pool) - backlog < req.pages:
             return None
-        fits = [w for w in self.decode_pool if self.outstanding[w] < self.theta and self.free[w] >= req.pages]
-        return self._least_loaded(fits) if fits else None
+        return self._least_loaded(self.decode_pool, req.pages, self.theta)
 
     def _decode_target(self, req: Request) -> int | None:
         """The decode-role worker with the most free pages, if the KV fits there."""
         free = self.free
-        most, ties = req.pages, []  # loops, not comprehensions: this runs for every block
+        most, ties = req.pages, []
         for w in self.decode_pool:
             if free[w] > most:
                 most, ties = free[w], [w]
@@ -166,15 +161,19 @@ class Router:
                 ties.append(w)
         return self._tie_break(ties) if ties else None
 
-    def _least_loaded(self, workers: Sequence[int]) -> int:
-        load = self.outstanding
-        least, ties = load[workers[0]], []
+    def _least_loaded(self, workers: Sequence[int], pages: int = 0, limit: float = math.inf) -> int | None:
+        """Of `workers` with `pages` free and fewer than `limit` outstanding prefill tokens, the one
+        with the fewest (ties broken at random); None if there is none."""
+        free, load = self.free, self.outstanding
+        least = 0
+        ties: list[int] = []  # loops, not comprehensions: this runs for every block
         for w in workers:
-            if load[w] < least:
-                least, ties = load[w], [w]
-            elif load[w] == least:
-                ties.append(w)
-        return self._tie_break(ties)
+            if free[w] >= pages and load[w] < limit:
+                if not ties or load[w] < least:
+                    least, ties = load[w], [w]
+                elif load[w] == least:
+                    ties.append(w)
+        return self._tie_break(ties) if ties else None
 
     def _tie_break(self, workers: list[int]) -> int:
         return workers[0] if len(workers) == 1 else self.rng.choice(workers)

@@ -279,8 +279,9 @@ class Engine:
                     self._drop(local)
             self.emit(event)
 
-    def step(self) -> pb.IterationReport | None:
-        """Run one iteration; None if the batcher formed an empty microbatch."""
+    def step(self, on_launch: Callable[[], None] = lambda: None) -> pb.IterationReport | None:
+        """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
+        the iteration's GPU work is queued, before its wait for the results."""
         start = time.monotonic()
         with self.lock:
             mb = self.batcher.next_microbatch(start)
@@ -295,7 +296,9 @@ class Engine:
         blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
 
         logits, gpu_s = self._timed_forward(items)
-        new_blocks = unmask(blocks, logits, steps, self.mask_id).cpu()
+        committed = unmask(blocks, logits, steps, self.mask_id)
+        on_launch()
+        new_blocks = committed.cpu()
         gpu_s = gpu_s()
         done: dict[int, Tensor] = {}
         for job, new in zip(jobs, new_blocks, strict=True):
@@ -431,19 +434,33 @@ class WorkerProcess:
         """The loop thread; returns when stopped."""
         self._sender.start()
         batcher = self.engine.batcher
+        # An iteration's report goes out once the next iteration's GPU work is queued (or the loop has
+        # nothing to run): the sender's Python then runs while this thread waits on the GPU, instead of
+        # holding the GIL through the next iteration's host work. It reaches the scheduler no later than
+        # it could matter: a block dispatched meanwhile could not join the iteration already started.
+        held: list[pb.IterationReport] = []
+
+        def release() -> None:
+            for report in held:
+                self.outbox.put(report)
+            held.clear()
+
         try:
             while not self.stopping.is_set():
+                if not batcher.has_work:
+                    release()
                 self._drain(wait=not batcher.has_work)
                 if not batcher.has_work:
                     continue
                 self.step_started = time.monotonic()
-                report = self.engine.step()
+                report = self.engine.step(on_launch=release)
                 self.step_started = None
                 if report is None:  # nothing could run (cannot happen with validated requests)
                     time.sleep(0.001)
                     continue
-                self.outbox.put(report)
+                held.append(report)
         finally:
+            release()
             self.outbox.put(None)
             self._sender.join(timeout=2.0)
 

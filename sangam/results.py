@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,28 +38,29 @@ ITERATION_COLUMNS = (
 )  # fmt: skip
 
 
-def block_parts(rec: BlockRecord) -> dict[str, float]:
-    """Seconds a finished block spent in each part of its life."""
+def block_parts(rec: BlockRecord) -> tuple[float, ...]:
+    """Seconds a finished block spent in each part of its life, in `PARTS` order."""
     assert rec.prefill_start is not None and rec.prefill_end is not None and rec.end is not None
-    parts = dict.fromkeys(PARTS, 0.0)
-    parts["prefill_queue"] = rec.prefill_start - rec.ready
-    parts["prefill"] = rec.prefill_end - rec.prefill_start
+    decode_queue = transfer = decode = 0.0
     decode_ready = rec.prefill_end
     if rec.transfer_start is not None and rec.transfer_end is not None:
-        parts["decode_queue"] = rec.transfer_start - rec.prefill_end
-        parts["transfer"] = rec.transfer_end - rec.transfer_start
+        decode_queue = rec.transfer_start - rec.prefill_end
+        transfer = rec.transfer_end - rec.transfer_start
         decode_ready = rec.transfer_end
     if rec.decode_start is not None:
-        parts["decode_queue"] += rec.decode_start - decode_ready
-        parts["decode"] = rec.end - rec.decode_start
-    return parts
+        decode_queue += rec.decode_start - decode_ready
+        decode = rec.end - rec.decode_start
+    return rec.prefill_start - rec.ready, rec.prefill_end - rec.prefill_start, decode_queue, transfer, decode
 
 
 def request_row(req: Request) -> dict[str, Any]:
-    totals = dict.fromkeys(PARTS, 0.0)
+    totals = [0.0] * len(PARTS)
+    overflow_blocks = kv_transfers = 0
     for rec in req.blocks:
-        for name, seconds in block_parts(rec).items():
-            totals[name] += seconds
+        totals = list(map(operator.add, totals, block_parts(rec)))
+        overflow_blocks += rec.overflow
+        kv_transfers += rec.transfer_start is not None
+    parts = dict(zip(PARTS, totals, strict=True))
     end = req.blocks[-1].end
     assert end is not None
     return {
@@ -71,10 +73,10 @@ def request_row(req: Request) -> dict[str, Any]:
         "forwards": sum(req.steps),
         "end": end,
         "e2el": end - req.arrival,
-        "queue": totals["prefill_queue"] + totals["decode_queue"],
-        **totals,
-        "overflow_blocks": sum(rec.overflow for rec in req.blocks),
-        "kv_transfers": sum(rec.transfer_start is not None for rec in req.blocks),
+        "queue": parts["prefill_queue"] + parts["decode_queue"],
+        **parts,
+        "overflow_blocks": overflow_blocks,
+        "kv_transfers": kv_transfers,
     }
 
 

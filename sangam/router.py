@@ -165,13 +165,13 @@ class Router:
         """Of `workers` with `pages` free and fewer than `limit` outstanding prefill tokens, the one
         with the fewest (ties broken at random); None if there is none."""
         free, load = self.free, self.outstanding
-        least = 0
-        ties: list[int] = []  # loops, not comprehensions: this runs for every block
+        least, ties = limit, []  # one loop, not comprehensions: this runs for every block
         for w in workers:
-            if free[w] >= pages and load[w] < limit:
-                if not ties or load[w] < least:
-                    least, ties = load[w], [w]
-                elif load[w] == least:
+            tokens = load[w]
+            if tokens <= least and free[w] >= pages:
+                if tokens < least:
+                    least, ties = tokens, [w]
+                elif ties:  # (no ties yet: `least` is still the limit, which is excluded)
                     ties.append(w)
         return self._tie_break(ties) if ties else None
 

@@ -137,16 +137,19 @@ class Batcher:
         """Form this iteration's microbatch at time `now`."""
         if self._ready:
             self._seat_ready(now)
-        if not self._waiting or (self._one_only and self.decodes):
-            return self._decode_only()
-        return self._admit(now)
+        if self._waiting and not (self._one_only and self.decodes):
+            return self._admit(now)
+        before, self.deficit = self.deficit, 0  # decodes only: the deficit is cleared
+        budget = self._tau - BLOCK * len(self.decodes) + before
+        return Microbatch(self.decodes, (), len(self._waiting), before, budget, 0)
 
     def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
         """Apply `forwards` iterations of `mb` (more than one only within `run_length(mb)`),
         the last ending at `now`."""
+        prefills = mb.prefills
         handoffs: list[Request] = []
         finished: list[Request] = []
-        for req in mb.prefills:
+        for req in prefills:
             req.record.prefill_end = now
             req.step = 1
             if req.steps[req.block] == 1:
@@ -169,9 +172,9 @@ class Batcher:
                 seated.remove(req)
                 self._end_block(req, now, finished)
             self.decodes = tuple(seated)
-        if not mb.prefills and not finished:
+        if not prefills and not finished:
             return NOTHING_DONE
-        return Outcome(mb.prefills, tuple(handoffs), tuple(finished))
+        return Outcome(prefills, tuple(handoffs), tuple(finished))
 
     def run_length(self, mb: Microbatch) -> int:
         """Iterations, `mb` first, that run the same decodes if no new work arrives.
@@ -222,30 +225,24 @@ class Batcher:
             seated.append(req)
         self.decodes = tuple(seated)
 
-    def _decode_only(self) -> Microbatch:
-        before, self.deficit = self.deficit, 0
-        budget = self._tau - BLOCK * len(self.decodes) + before
-        return Microbatch(self.decodes, (), len(self._waiting), before, budget, 0)
-
     def _admit(self, now: float) -> Microbatch:
-        fresh = self._tau - BLOCK * len(self.decodes)
+        decodes, waiting, pool = self.decodes, self._waiting, self.pool
+        fresh = self._tau - BLOCK * len(decodes)
         before = self.deficit
         budget = fresh + before
-        waiting = len(self._waiting)
-        one_only = self._one_only
+        num_waiting = len(waiting)
         admitted: list[Request] = []
         spent = 0
         blocked = False
-        while self._waiting and not (one_only and admitted):
-            req = self._waiting[0][2]
-            idle = not self.decodes and not admitted
-            if not (spent + req.seq_len <= budget or idle):
+        while waiting and not (self._one_only and admitted):
+            req = waiting[0][2]
+            if spent + req.seq_len > budget and (decodes or admitted):  # an empty microbatch takes the head
                 break
-            if not self.pool.can_allocate(req.pages):
+            if not pool.can_allocate(req.pages):
                 blocked = True
                 break
-            heapq.heappop(self._waiting)
-            self.pool.allocate(req.id, req.pages)
+            heapq.heappop(waiting)
+            pool.allocate(req.id, req.pages)
             req.record.prefill_start = now
             admitted.append(req)
             spent += req.seq_len
@@ -253,7 +250,7 @@ class Batcher:
             self.deficit = int(max(0, before - max(0, spent - fresh)))
         else:
             self.deficit = int(max(budget - spent, 0)) if math.isfinite(budget) else 0
-        return Microbatch(self.decodes, tuple(admitted), waiting, before, budget, self.deficit, blocked)
+        return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, self.deficit, blocked)
 
     def _end_block(self, req: Request, now: float, finished: list[Request]) -> None:
         self.pool.release(req.id)

@@ -105,9 +105,10 @@ class SimWorker:
             cluster.iterations += run
             if logging:
                 cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))
-            outcome = batcher.complete(mb, env.now, run)
+            now = env.now
+            outcome = batcher.complete(mb, now, run)
             if outcome.prefilled or outcome.finished:
-                cluster.on_iteration(self.id, outcome)
+                cluster.on_iteration(now, self.id, outcome)
 
 
 class Cluster:
@@ -127,7 +128,7 @@ class Cluster:
         n = len(self.workers)
         self._link_free = [[0.0] * n for _ in range(n)]  # [src][dst]: when that directed link is next idle
         self.iterations = 0
-        self._left = 0
+        self._blocks_left = 0
         self._all_done = self.env.event()
 
     def _batcher(self, worker: int, role: Role) -> Batcher:
@@ -136,7 +137,7 @@ class Cluster:
 
     def run(self, requests: Sequence[Request]) -> float:
         """Simulate until every request has finished; the simulated end time."""
-        self._left = len(requests)
+        self._blocks_left = sum(req.n_blocks for req in requests)
         if requests:
             self.env.process(self._arrivals(requests))
             self.env.run(until=self._all_done)
@@ -148,12 +149,11 @@ class Cluster:
                 yield self.env.timeout(req.arrival - self.env.now)
             self._apply(self.router.on_arrival(self.env.now, req))
 
-    def on_iteration(self, worker: int, outcome: Outcome) -> None:
-        """Tell the router; stop the clock once the last request has finished."""
-        for req in outcome.finished:
-            self._left -= req.finished
-        self._apply(self.router.on_iteration(self.env.now, worker, outcome))
-        if self._left == 0 and not self._all_done.triggered:
+    def on_iteration(self, now: float, worker: int, outcome: Outcome) -> None:
+        """Tell the router; stop the clock once the last block has ended."""
+        self._blocks_left -= len(outcome.finished)
+        self._apply(self.router.on_iteration(now, worker, outcome))
+        if self._blocks_left == 0 and not self._all_done.triggered:
             self._all_done.succeed()
 
     def log_iterations(self, worker: int, start: float, step: float, iterations: list[Microbatch]) -> None:

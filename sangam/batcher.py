@@ -75,7 +75,7 @@ class Microbatch:
         return not self.decodes and not self.prefills
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What one iteration changed, as the router needs to hear it; never mutated."""
 

@@ -66,7 +66,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return BLOCK * self.block >= self.output_len  # block >= n_blocks
+        return self.block >= self.n_blocks
 
     def end_block(self, now: float) -> None:
         """Close the current block; open the next one, ready at `now`, if any remains."""

@@ -2,7 +2,8 @@
 # Calibration calls on the lent H200 (run from the repository root, wheels carried in .whl), for LLaDA-8B:
 #   bash benchmarks/h200_calibrate.sh STEP...   with STEP one of
 #     graphs      the GPU tests of FlashInfer and the decode CUDA graphs (pytest -m gpu)
-#     profile     `sangam profile --model llada-8b --gpu h200` -> $OUT/profile/h200/llada-8b.*
+#     profile[:M] `sangam profile --model M --gpu h200` (M: llada-8b, the default, or dream-7b)
+#                 -> $OUT/profile/h200/M.*
 #     speed       benchmarks.executor_speed for LLaDA-8B -> $OUT/speed-llada.json
 #     live:QPS    the live half of `sangam validate --mode colocated` at QPS, 300 requests ->
 #                 $OUT/validate/live-qpsQPS/ (the simulator half runs here, with --live-results)
@@ -22,8 +23,10 @@ for what in "$@"; do
     case $what in
         graphs) step graphs 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
             tests/executor/test_flashinfer_gpu.py || exit 1 ;;
-        profile)
-            step profile 240 python3 -m sangam.cli profile --model llada-8b --gpu h200 --out "$OUT/profile" ;;
+        profile|profile:*)
+            model=${what#profile}; model=${model#:}; model=${model:-llada-8b}
+            step "profile $model" 240 python3 -m sangam.cli profile --model "$model" --gpu h200 \
+                --out "$OUT/profile" ;;
         speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
         live:*)
             qps=${what#live:}

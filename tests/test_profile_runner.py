@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from profiles.runner import Profiler, grid
+from profiles.runner import FILLER, Profiler, grid
 from profiles.shapes import Shape
 from profiles.store import merge_log, paths, read_samples
 from profiles.validate import compare
@@ -28,6 +28,22 @@ def test_profiler_times_real_engine_steps_and_returns_every_page() -> None:
         assert profiler.time(shape, warmup=1, repeats=2) > 0
         assert profiler.pool.num_used == 0
     assert profiler.kv_pages == 512 and profiler.buckets == ()
+
+
+def test_every_timed_step_follows_the_filler(monkeypatch) -> None:
+    profiler = Profiler("tiny-llada", "random", 64, graphs=False, device=torch.device("cpu"))
+    ran: list[Shape] = []
+    timed = Shape((), (500,))
+    seconds = iter([9.0, 1.0, 3.0, 2.0])  # the warm-up's 9 s is dropped
+
+    def step(shape: Shape) -> float:
+        ran.append(shape)
+        return next(seconds) if shape == timed else 100.0
+
+    monkeypatch.setattr(profiler, "_step", step)
+    assert profiler.time(timed, warmup=1, repeats=3) == 2.0
+    assert ran == [*FILLER, timed] * 4
+    assert any(s.prefills for s in FILLER) and any(s.decodes for s in FILLER)
 
 
 def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@
 
 For each live run directory (`sangam live --out DIR --iteration-log DIR/iterations.csv`), prints per
 iteration kind (decode-only by batch size, prefill-only, mixed) the count, the mean live wall time
-(`end - start`, host work included), the mean GPU time of the forward, and the profile's error on them;
+(`profiles.store.live_seconds`: host work included, to the next start where the loop went straight on),
+the mean GPU time of the forward, and the profile's error on them;
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
 was idle meanwhile (`sangam.config.CONTROL_MS` is what the simulator charges).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from profiles.measured import Features, predict
 from profiles.shapes import Shape
-from profiles.store import load_profile
+from profiles.store import live_seconds, load_profile
 
 
 def kind(shape: Shape) -> str:
@@ -40,7 +41,7 @@ def iterations(directory: Path, model: str, gpu: str) -> None:
             shape = Shape.parse(row["items"])
             entry = sums[kind(shape)]
             entry[0] += 1
-            entry[1] += float(row["end"]) - float(row["start"])
+            entry[1] += live_seconds(row)
             entry[2] += float(row["gpu_s"])
             entry[3] += predict(profile.coefficients, Features.of(shape, buckets))
     print(f"{directory}: iterations")

@@ -68,7 +68,7 @@ from sangam.request import BlockRecord, Request
 from sangam.results import ITERATION_COLUMNS
 from sangam.router import Action, Router, Transfer
 
-ITERATION_LOG_COLUMNS = (*ITERATION_COLUMNS, "gpu_s", "items")
+ITERATION_LOG_COLUMNS = (*ITERATION_COLUMNS, "gpu_s", "items", "cycle_s")
 ENQUEUE_ATTEMPTS = 3
 TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails
 HEALTH_INTERVAL_S = 1.0
@@ -722,7 +722,7 @@ class SchedulerCore:
             f"{'p' if item.kind == pb.PREFILL else 'd'}:{item.query_tokens}:{item.context_len}"
             for item in report.items
         )
-        self._log.writerow([*row, report.gpu_s, items])
+        self._log.writerow([*row, report.gpu_s, items, report.cycle_s])
 
     def worker_lost(self, worker: int, reason: str) -> None:
         self._post(self._fail, f"worker {worker} lost: {reason}")

@@ -438,16 +438,22 @@ class WorkerProcess:
         # nothing to run): the sender's Python then runs while this thread waits on the GPU, instead of
         # holding the GIL through the next iteration's host work. It reaches the scheduler no later than
         # it could matter: a block dispatched meanwhile could not join the iteration already started.
+        # The last held report learns its cycle (start to this loop's next start) when the loop goes
+        # straight on to the next iteration.
         held: list[pb.IterationReport] = []
+        straight_on = False
 
         def release() -> None:
+            if straight_on and held and self.step_started is not None:
+                held[-1].cycle_s = self.step_started - held[-1].stats.start
             for report in held:
                 self.outbox.put(report)
             held.clear()
 
         try:
             while not self.stopping.is_set():
-                if not batcher.has_work:
+                straight_on = batcher.has_work
+                if not straight_on:
                     release()
                 self._drain(wait=not batcher.has_work)
                 if not batcher.has_work:

@@ -64,9 +64,16 @@ def paths(model: str, gpu: str, root: Path = DATA) -> tuple[Path, Path, Path]:
     return base.with_suffix(".csv"), base.with_suffix(".meta.json"), base.with_suffix(".fit.json")
 
 
+def live_seconds(row: dict[str, str]) -> float:
+    """What one live iteration cost its worker: to the loop's next start when the loop went straight on
+    (`cycle_s`: reporting and admitting, which the simulator has no other term for), else `end - start`."""
+    cycle = float(row.get("cycle_s") or 0.0)
+    return cycle if cycle > 0 else float(row["end"]) - float(row["start"])
+
+
 def read_samples(path: Path) -> list[tuple[Shape, float]]:
     """(shape, seconds) of every measured iteration in a profile CSV or a live iteration log
-    (whose iterations last from `start` to `end`, host work included, like a profile's)."""
+    (`live_seconds`: host work included, like a profile's)."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and "seconds" not in rows[0] and not {"items", "start", "end"} <= set(rows[0]):
@@ -76,7 +83,7 @@ def read_samples(path: Path) -> list[tuple[Shape, float]]:
     return [
         (
             Shape.parse(row["items"]),
-            float(row["seconds"]) if "seconds" in row else float(row["end"]) - float(row["start"]),
+            float(row["seconds"]) if "seconds" in row else live_seconds(row),
         )
         for row in rows
         if row["items"]

@@ -88,7 +88,15 @@ def test_live_replay_with_two_workers_writes_sim_results(
     assert {int(b["prefill_worker"]) for b in blocks} == {0, 1}
 
     rows = log_rows(iterations)
-    assert list(rows[0]) == [*ITERATION_COLUMNS, "gpu_s", "items"]
+    assert list(rows[0]) == [*ITERATION_COLUMNS, "gpu_s", "items", "cycle_s"]
+    for worker in {row["worker"] for row in rows}:  # a cycle runs from an iteration to the next start
+        own = sorted((r for r in rows if r["worker"] == worker), key=lambda r: float(r["start"]))
+        cycles = [(a, float(a["cycle_s"]), float(b["start"])) for a, b in zip(own, own[1:])]
+        assert any(cycle > 0 for _, cycle, _ in cycles) and float(own[-1]["cycle_s"]) == 0
+        for row, cycle, following in cycles:
+            if cycle > 0:
+                assert 0 <= following - (float(row["start"]) + cycle) < 1e-3  # the loop's start, then step's
+                assert cycle >= float(row["end"]) - float(row["start"])
     items = sum(int(row["n_prefills"]) + int(row["n_decodes"]) for row in rows)
     assert items == sum(used.values())  # every forward of every block is one item of one iteration
     for row in rows:

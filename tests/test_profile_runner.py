@@ -54,10 +54,11 @@ def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
     log = tmp_path / "iterations.csv"
     with log.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["worker", "start", "end", "gpu_s", "items"])
-        writer.writerow([0, 1.0, 1.25, 0.2, "d:32:1819;d:32:900"])
-    assert merge_log("llada-8b", "h200", [log], tmp_path) == 1
-    assert read_samples(data)[-1] == (Shape((), (1819, 900)), 0.25)
+        writer.writerow(["worker", "start", "end", "gpu_s", "items", "cycle_s"])
+        writer.writerow([0, 1.0, 1.25, 0.2, "d:32:1819;d:32:900", 0.5])  # the loop went straight on
+        writer.writerow([0, 1.5, 1.75, 0.2, "p:100:100", 0.0])  # then waited for work
+    assert merge_log("llada-8b", "h200", [log], tmp_path) == 2
+    assert read_samples(data)[-2:] == [(Shape((), (1819, 900)), 0.5), (Shape((100,), ()), 0.25)]
 
 
 def test_compare_gives_signed_percent_errors() -> None:

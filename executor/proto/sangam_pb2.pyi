@@ -661,17 +661,19 @@ class BlockDone(_message.Message):
     ) -> None: ...
 
 class IterationReport(_message.Message):
-    __slots__ = ("stats", "gpu_s", "items", "prefilled", "finished")
+    __slots__ = ("stats", "gpu_s", "items", "prefilled", "finished", "cycle_s")
     STATS_FIELD_NUMBER: _ClassVar[int]
     GPU_S_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     PREFILLED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    CYCLE_S_FIELD_NUMBER: _ClassVar[int]
     stats: IterationStats
     gpu_s: float
     items: _containers.RepeatedCompositeFieldContainer[ItemShape]
     prefilled: _containers.RepeatedCompositeFieldContainer[Prefilled]
     finished: _containers.RepeatedCompositeFieldContainer[BlockDone]
+    cycle_s: float
     def __init__(
         self,
         stats: _Optional[_Union[IterationStats, _Mapping]] = ...,
@@ -679,6 +681,7 @@ class IterationReport(_message.Message):
         items: _Optional[_Iterable[_Union[ItemShape, _Mapping]]] = ...,
         prefilled: _Optional[_Iterable[_Union[Prefilled, _Mapping]]] = ...,
         finished: _Optional[_Iterable[_Union[BlockDone, _Mapping]]] = ...,
+        cycle_s: _Optional[float] = ...,
     ) -> None: ...
 
 class ReportBatch(_message.Message):

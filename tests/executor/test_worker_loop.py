@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -28,17 +29,20 @@ class FakeEngine:
 
     def __init__(self, iterations: int, log: list[tuple[str, int]]) -> None:
         self.log, self.done, self.iterations = log, 0, iterations
+        self.starts: list[float] = []
         self.batcher = SimpleNamespace(has_work=True, pool=SimpleNamespace(num_free=0))
         self.emit: Callable[[Any], None] = lambda event: None
 
     def step(self, on_launch: Callable[[], None]) -> pb.IterationReport:
         index = self.done
+        self.starts.append(time.monotonic())
         self.log.append(("launch", index))
         on_launch()
+        time.sleep(0.005)  # the GPU work
         self.log.append(("results", index))
         self.done += 1
         self.batcher.has_work = self.done < self.iterations
-        return pb.IterationReport(gpu_s=index)
+        return pb.IterationReport(stats=pb.IterationStats(start=self.starts[-1]), gpu_s=index)
 
 
 class FakeControl:
@@ -69,5 +73,10 @@ def test_reports_go_out_at_the_next_launch_and_when_idle() -> None:
         ("launch", 2), ("report out", 1), ("results", 2),
         ("report out", 2),  # nothing left to run: at once
     ]  # fmt: skip
-    sent = [int(r.gpu_s) for batch in control.batches for r in batch.iterations]
-    assert sent == [0, 1, 2]
+    sent = [r for batch in control.batches for r in batch.iterations]
+    assert [int(r.gpu_s) for r in sent] == [0, 1, 2]
+    # an iteration followed straight on runs to the next start; the last, followed by waiting, has no cycle
+    starts = engine.starts
+    for report, start, following in zip(sent, starts, starts[1:], strict=False):
+        assert 0.005 <= report.cycle_s <= following - start
+    assert sent[2].cycle_s == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -91,7 +92,7 @@ def test_live_replay_with_two_workers_writes_sim_results(
     assert list(rows[0]) == [*ITERATION_COLUMNS, "gpu_s", "items", "cycle_s"]
     for worker in {row["worker"] for row in rows}:  # a cycle runs from an iteration to the next start
         own = sorted((r for r in rows if r["worker"] == worker), key=lambda r: float(r["start"]))
-        cycles = [(a, float(a["cycle_s"]), float(b["start"])) for a, b in zip(own, own[1:])]
+        cycles = [(a, float(a["cycle_s"]), float(b["start"])) for a, b in itertools.pairwise(own)]
         assert any(cycle > 0 for _, cycle, _ in cycles) and float(own[-1]["cycle_s"]) == 0
         for row, cycle, following in cycles:
             if cycle > 0:

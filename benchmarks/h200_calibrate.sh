@@ -29,7 +29,7 @@ for what in "$@"; do
                 --out "$OUT/profile" ;;
         speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
         live:*)
-            qps=${what#live:}
+            qps=$(awk "BEGIN { print ${what#live:} + 0 }")  # 1.0 -> 1: the directory `sangam validate` reads
             step "live $qps" 590 python3 -m sangam.cli live --mode colocated --model llada-8b --gpu h200 \
                 --gpus 1 --seed 0 --num-requests 300 --qps "$qps" --out "$OUT/validate/live-qps$qps" \
                 --iteration-log "$OUT/validate/live-qps$qps/iterations.csv" ;;

@@ -5,7 +5,7 @@
 #     profile[:M] `sangam profile --model M --gpu h200` (M: llada-8b, the default, or dream-7b)
 #                 -> $OUT/profile/h200/M.*
 #     speed       benchmarks.executor_speed for LLaDA-8B -> $OUT/speed-llada.json
-#     live:QPS    the live half of `sangam validate --mode colocated` at QPS, 300 requests ->
+#     live:QPS[:N] the live half of `sangam validate --mode colocated` at QPS, N requests (300) ->
 #                 $OUT/validate/live-qpsQPS/ (the simulator half runs here, with --live-results)
 # Each step has its own time limit, so what finished comes back when a later one does not.
 set -u
@@ -29,9 +29,10 @@ for what in "$@"; do
                 --out "$OUT/profile" ;;
         speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
         live:*)
-            qps=$(awk "BEGIN { print ${what#live:} + 0 }")  # 1.0 -> 1: the directory `sangam validate` reads
+            spec=${what#live:}; n=300; [[ $spec == *:* ]] && n=${spec#*:} && spec=${spec%%:*}
+            qps=$(awk "BEGIN { print $spec + 0 }")  # 1.0 -> 1: the directory `sangam validate` reads
             step "live $qps" 590 python3 -m sangam.cli live --mode colocated --model llada-8b --gpu h200 \
-                --gpus 1 --seed 0 --num-requests 300 --qps "$qps" --out "$OUT/validate/live-qps$qps" \
+                --gpus 1 --seed 0 --num-requests "$n" --qps "$qps" --out "$OUT/validate/live-qps$qps" \
                 --iteration-log "$OUT/validate/live-qps$qps/iterations.csv" ;;
         *) echo "unknown step $what"; exit 2 ;;
     esac

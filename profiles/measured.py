@@ -1,6 +1,7 @@
 """The iteration-time model fitted to measurements of our own worker.
 
     seconds = overhead + graph * graph_saving + (per_item + graph * per_graph_item) * items
+              + per_mixed_decode * mixed_decodes  # a decode riding along a prefill (eager attention)
               + per_token * max(tokens, knee)    # linear layers: compute, or the weight-read floor
               + per_square * sum(S^2)             # non-causal prefill attention
               + per_context * sum(C)              # decode attention reading the cached K and V
@@ -19,7 +20,10 @@ from profiles.shapes import Shape
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
 
-TERMS = ("overhead", "graph", "per_item", "per_graph_item", "per_token", "per_square", "per_context")
+TERMS = (
+    "overhead", "graph", "per_item", "per_graph_item", "per_mixed_decode",
+    "per_token", "per_square", "per_context",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,7 @@ class Coefficients:
     graph: float  # added to CUDA-graph (decode-only) iterations; negative: what a graph saves
     per_item: float  # host work, LM head and sampling of one request
     per_graph_item: float  # what a CUDA-graph replay changes of that (negative: saves)
+    per_mixed_decode: float  # what a decode adds beyond that in a microbatch with a prefill
     per_token: float
     per_square: float
     per_context: float
@@ -42,6 +47,7 @@ class Coefficients:
 class Features:
     graph: float
     items: float
+    mixed_decodes: float
     tokens: float
     squares: float
     context: float
@@ -54,6 +60,7 @@ class Features:
         return Features(
             graph=1.0 if bucket else 0.0,
             items=float(len(shape.prefills) + len(shape.decodes)),
+            mixed_decodes=float(len(shape.decodes) if shape.prefills else 0),
             tokens=float(sum(shape.prefills) + queries),
             squares=float(sum(s * s for s in shape.prefills)),
             context=float(sum(shape.decodes)),
@@ -62,7 +69,9 @@ class Features:
     def row(self, knee: float) -> tuple[float, ...]:
         """The regressors, in TERMS order, for a given knee."""
         linear = max(self.tokens, knee)
-        return (1.0, self.graph, self.items, self.graph * self.items, linear, self.squares, self.context)
+        graph_items = self.graph * self.items
+        mixed = self.mixed_decodes
+        return (1.0, self.graph, self.items, graph_items, mixed, linear, self.squares, self.context)
 
 
 def predict(c: Coefficients, f: Features) -> float:
@@ -71,6 +80,7 @@ def predict(c: Coefficients, f: Features) -> float:
         + c.graph * f.graph
         + c.per_item * f.items
         + c.per_graph_item * f.graph * f.items
+        + c.per_mixed_decode * f.mixed_decodes
         + c.per_token * max(f.tokens, c.knee)
         + c.per_square * f.squares
         + c.per_context * f.context
@@ -109,4 +119,6 @@ class MeasuredCostModel:
             tokens += req.seq_len
             squares += req.seq_len * req.seq_len
         seconds = c.overhead + c.per_item * (n_decodes + len(prefills)) + c.per_token * max(tokens, c.knee)
+        if prefills:
+            seconds += c.per_mixed_decode * n_decodes
         return seconds + (c.per_square * squares + c.per_context * context)

@@ -130,7 +130,13 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     data, meta, _ = paths(model, gpu, root)
     if not meta.exists():
         raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
-    samples = [sample for log in logs for sample in read_samples(log)]
+    merged = {f"{log.parent.name}/{log.name}": read_samples(log) for log in logs}
     with data.open("a", newline="") as f:
-        csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
-    return len(samples)
+        for samples in merged.values():
+            csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
+    record = json.loads(meta.read_text())
+    record["merged_logs"] = record.get("merged_logs", []) + [
+        {"log": name, "iterations": len(samples)} for name, samples in merged.items()
+    ]
+    meta.write_text(json.dumps(record, indent=2) + "\n")
+    return sum(len(samples) for samples in merged.values())

@@ -59,6 +59,9 @@ def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
         writer.writerow([0, 1.5, 1.75, 0.2, "p:100:100", 0.0])  # then waited for work
     assert merge_log("llada-8b", "h200", [log], tmp_path) == 2
     assert read_samples(data)[-2:] == [(Shape((), (1819, 900)), 0.5), (Shape((100,), ()), 0.25)]
+    record = json.loads(meta.read_text())
+    assert record["merged_logs"] == [{"log": f"{tmp_path.name}/iterations.csv", "iterations": 2}]
+    assert record["graph_buckets"] == [1, 2, 4]
 
 
 def test_compare_gives_signed_percent_errors() -> None:

@@ -20,6 +20,7 @@ TRUE = Coefficients(
     graph=-1e-3,
     per_item=4e-5,
     per_graph_item=-1e-5,
+    per_mixed_decode=6e-4,
     per_token=2e-5,
     per_square=1e-9,
     per_context=1.7e-7,
@@ -57,7 +58,9 @@ def test_shape_items_round_trip() -> None:
 
 def test_features_count_graph_padding() -> None:
     f = Features.of(Shape((), (1000,) * 3), buckets=BUCKETS)
-    assert f.tokens == 4 * 32 and f.graph == 1.0 and f.context == 3000
+    assert f.tokens == 4 * 32 and f.graph == 1.0 and f.context == 3000 and f.mixed_decodes == 0
+    mixed = Features.of(Shape((512,), (1000,) * 3), buckets=BUCKETS)
+    assert mixed.mixed_decodes == 3 and mixed.graph == 0.0 and mixed.tokens == 512 + 3 * 32
     assert Features.of(Shape((), (1000,) * 3), buckets=()).tokens == 3 * 32
 
 

@@ -218,6 +218,8 @@ class Batcher:
         return out
 
     def _seat_ready(self, now: float) -> None:
+        if len(self.decodes) >= self._cap:  # no seat: ready requests wait, the seated tuple stays
+            return
         seated = list(self.decodes)
         while self._ready and len(seated) < self._cap:
             req = self._ready.popleft()

@@ -21,7 +21,6 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +64,11 @@ class Profiler:
         self.buckets = tuple(getattr(self.runner, "buckets", ())) if graphs else ()
         self._ids = iter(range(1 << 62))
 
-    def time(self, shape: Shape, warmup: int, repeats: int, filler: Sequence[Shape] = FILLER) -> float:
-        """Median seconds of `Engine.step()` on this shape, each step run right after the `filler` steps."""
+    def time(self, shape: Shape, warmup: int, repeats: int) -> float:
+        """Median seconds of `Engine.step()` on this shape, each step run right after the `FILLER` steps."""
         times = []
         for _ in range(warmup + repeats):
-            for other in filler:
+            for other in FILLER:
                 self._step(other)
             times.append(self._step(shape))
         return statistics.median(times[warmup:])

@@ -80,14 +80,16 @@ def read_samples(path: Path) -> list[tuple[Shape, float]]:
         raise ValueError(
             f"{path}: neither a profile (items, seconds) nor a live iteration log (items, start, end)"
         )
-    return [
-        (
-            Shape.parse(row["items"]),
-            float(row["seconds"]) if "seconds" in row else live_seconds(row),
-        )
-        for row in rows
-        if row["items"]
-    ]
+    samples = []
+    for line, row in enumerate(rows, start=2):
+        if not row["items"]:
+            continue
+        try:
+            seconds = float(row["seconds"]) if "seconds" in row else live_seconds(row)
+            samples.append((Shape.parse(row["items"]), seconds))
+        except ValueError as error:
+            raise ValueError(f"{path}, line {line}: {error}") from None
+    return samples
 
 
 def load_profile(model: str, gpu: str, root: Path = DATA) -> Profile | None:
@@ -130,13 +132,13 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     data, meta, _ = paths(model, gpu, root)
     if not meta.exists():
         raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
-    merged = {f"{log.parent.name}/{log.name}": read_samples(log) for log in logs}
+    merged = [(log, read_samples(log)) for log in logs]  # all read before anything is written
     with data.open("a", newline="") as f:
-        for samples in merged.values():
+        for _, samples in merged:
             csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
     record = json.loads(meta.read_text())
     record["merged_logs"] = record.get("merged_logs", []) + [
-        {"log": name, "iterations": len(samples)} for name, samples in merged.items()
+        {"log": f"{log.parent.name}/{log.name}", "iterations": len(samples)} for log, samples in merged
     ]
     meta.write_text(json.dumps(record, indent=2) + "\n")
-    return sum(len(samples) for samples in merged.values())
+    return sum(len(samples) for _, samples in merged)

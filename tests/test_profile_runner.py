@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from profiles.runner import FILLER, Profiler, grid
@@ -62,6 +63,15 @@ def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
     record = json.loads(meta.read_text())
     assert record["merged_logs"] == [{"log": f"{tmp_path.name}/iterations.csv", "iterations": 2}]
     assert record["graph_buckets"] == [1, 2, 4]
+    # logs of the same name are each merged; a bad row names its line and writes nothing
+    assert merge_log("llada-8b", "h200", [log, log], tmp_path) == 4
+    assert len(json.loads(meta.read_text())["merged_logs"]) == 3
+    before = data.read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("worker,start,end,items,cycle_s\n0,1.0,1.5,d:32:100,slow\n")
+    with pytest.raises(ValueError, match=r"bad\.csv, line 2"):
+        merge_log("llada-8b", "h200", [log, bad], tmp_path)
+    assert data.read_text() == before
 
 
 def test_compare_gives_signed_percent_errors() -> None:

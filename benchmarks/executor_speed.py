@@ -2,7 +2,7 @@
 
 Run on the accelerator machine, from the repository root (FlashInfer installed):
 
-    python -m benchmarks.executor_speed [--models llada dream] [--profile] [--json FILE]
+    python -m benchmarks.executor_speed [--models llada dream] [--profile B...] [--json FILE]
 
 Prefill iterations: one request of S tokens (S in 1024, 2048, 4096). Decode-only iterations: B requests
 (B in 1..32), each forwarding its 32-token block (33 rows for Dream) over 1819 cached positions (795 prompt
@@ -17,8 +17,8 @@ as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4
             token), per prefill its KV written.
 
 Targets (issue 3): prefill at S >= 2048 reaches >= 65% of its bound; decode at B >= 4 runs within 1.5x of it.
-`--profile` adds, per model, a kernel-time breakdown (torch.profiler) of a prefill and of eager and graphed
-decodes. Only stdout is written, plus the rows as JSON with `--json FILE`.
+`--profile B...` adds, per model, a kernel-time breakdown (torch.profiler) of a prefill and of eager and
+graphed decodes of B items. Only stdout is written, plus the rows as JSON with `--json FILE`.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
     print(
         f"[profile] {label}: wall {wall:.2f} ms/iter, kernels {busy:.2f} ms ({busy / wall:.0%} busy): {split}"
     )
-    for name, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:6]:
+    for name, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 
@@ -269,16 +269,18 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
             layers.FUSED_KERNELS = True
             if graphed is not None:
                 graphed.close()
-                graphed = GraphedModelRunner(runner, buckets=(8,)) if args.profile else None
+                graphed = GraphedModelRunner(runner, buckets=args.profile) if args.profile else None
 
     if args.profile:
         pool.allocate(-2, pages_for(2048))
         item = ForwardItem(-2, Phase.PREFILL, random_tokens(config, 2048, seed=2), 1024)
         profile(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
         pool.release(-2)
-        profile(f"{family.value} decode B=8 eager", lambda: runner.forward(decodes[:8]))
-        if graphed is not None:
-            profile(f"{family.value} decode B=8 graphs", lambda: graphed.forward(decodes[:8]))
+        for size in args.profile:
+            batch = decodes[:size]
+            profile(f"{family.value} decode B={size} eager", lambda batch=batch: runner.forward(batch))
+            if graphed is not None:
+                profile(f"{family.value} decode B={size} graphs", lambda batch=batch: graphed.forward(batch))
 
     if graphed is not None:
         graphed.close()
@@ -322,7 +324,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph decode rows")
     parser.add_argument("--compare-unfused", action="store_true", help="add rows with the torch layer code")
-    parser.add_argument("--profile", action="store_true", help="print kernel-time breakdowns")
+    parser.add_argument(
+        "--profile", nargs="+", type=int, metavar="B", help="kernel-time breakdowns at these decode sizes"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     return parser.parse_args(argv)
 

@@ -58,8 +58,24 @@ class AttentionLayout:
 
     @property
     def kv_lens(self) -> list[int]:
-        pages = (self.kv_indptr[1:] - self.kv_indptr[:-1]).tolist()
-        return [(n - 1) * PAGE + last for n, last in zip(pages, self.kv_last_page_len.tolist(), strict=True)]
+        return self.kv_len_tensor().tolist()
+
+    def kv_len_tensor(self) -> Tensor:
+        """Each item's KV length, int32 on the host."""
+        return (self.kv_indptr[1:] - self.kv_indptr[:-1] - 1) * PAGE + self.kv_last_page_len
+
+
+def same_layout(a: AttentionLayout, b: AttentionLayout) -> bool:
+    """Whether two layouts hold the same CSR arrays (then one plan serves both)."""
+    return a is b or all(
+        torch.equal(x, y)
+        for x, y in (
+            (a.qo_indptr, b.qo_indptr),
+            (a.kv_indptr, b.kv_indptr),
+            (a.kv_indices, b.kv_indices),
+            (a.kv_last_page_len, b.kv_last_page_len),
+        )
+    )
 
 
 def indptr(lengths: Sequence[int]) -> Tensor:

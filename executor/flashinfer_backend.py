@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from executor.attention import AttentionBackend, AttentionLayout, TorchAttention
+from executor.attention import AttentionBackend, AttentionLayout, TorchAttention, same_layout
 from executor.models.config import ModelConfig
 from sangam.hardware import PAGE
 
@@ -102,6 +102,7 @@ class FlashInferAttention:
         workspace: Tensor | None = None,
         cuda_graph_batch: int | None = None,
         max_pages: int = 0,
+        exact_grid: bool = False,
     ) -> None:
         flashinfer = _require()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -128,9 +129,14 @@ class FlashInferAttention:
                 "paged_kv_indices_buf": int32(max_pages),
                 "paged_kv_last_page_len_buf": int32(cuda_graph_batch),
             }
+        if exact_grid and cuda_graph_batch is None:
+            raise ValueError("an exact grid is a CUDA-graph plan: give cuda_graph_batch")
+        self.exact_grid = exact_grid
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=FA2, **buffers
         )
+        self._planned: AttentionLayout | None = None
+        self._grid: list[int] | None = None  # an exact grid's plan info, fixed at its first plan
 
     @classmethod
     def for_model(
@@ -153,19 +159,74 @@ class FlashInferAttention:
         )
 
     def plan(self, layout: AttentionLayout) -> None:
-        self._wrapper.plan(
+        if self._planned is not None and same_layout(self._planned, layout):
+            return  # the buffers still hold this very plan (a block's next decode step)
+        if self.cuda_graph_batch is not None and self._planned is not None:
+            self._replan(layout)
+        else:
+            self._wrapper.plan(
+                layout.qo_indptr,
+                layout.kv_indptr,
+                layout.kv_indices,
+                layout.kv_last_page_len,
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                PAGE,
+                causal=False,
+                q_data_type=self.dtype,
+                kv_data_type=self.kv_dtype,
+            )
+            if self.exact_grid:
+                self._replan(layout)
+        self._planned = layout
+
+    def _replan(self, layout: AttentionLayout) -> None:
+        """Plan into a graph wrapper's fixed buffers through FlashInfer's planner alone.
+
+        `BatchPrefillWithPagedKVCacheWrapper.plan` (0.6.3) spends most of its host time outside the planner:
+        Python's `max()` over every plan entry, one tensor op per element. The wrapper is already set up by
+        its first `plan`; what a replan changes is exactly this: the CSR buffers, the KV lengths and the
+        plan info the kernels read. An exact grid plans as FlashInfer does outside graphs with KV
+        unsplit: one work tile per item and query tile, so its launch shape (baked into the graph) depends
+        on the item count and rows only, which is checked here.
+        """
+        wrapper = self._wrapper
+        kv_lens = layout.kv_len_tensor()
+        wrapper._qo_indptr_buf.copy_(layout.qo_indptr, non_blocking=True)
+        wrapper._paged_kv_indptr_buf.copy_(layout.kv_indptr, non_blocking=True)
+        wrapper._paged_kv_last_page_len_buf.copy_(layout.kv_last_page_len, non_blocking=True)
+        wrapper._paged_kv_indices_buf[: len(layout.kv_indices)].copy_(layout.kv_indices, non_blocking=True)
+        wrapper._kv_lens_buffer[: len(kv_lens)].copy_(kv_lens, non_blocking=True)
+        rows = int(layout.qo_indptr[-1]) if self.exact_grid else wrapper._max_total_num_rows
+        info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
             layout.qo_indptr,
             layout.kv_indptr,
-            layout.kv_indices,
-            layout.kv_last_page_len,
+            kv_lens,
+            rows,
+            layout.num_items,
             self.heads,
             self.kv_heads,
-            self.head_dim,
             PAGE,
-            causal=False,
-            q_data_type=self.dtype,
-            kv_data_type=self.kv_dtype,
+            not self.exact_grid,  # enable_cuda_graph
+            self.head_dim,
+            self.head_dim,
+            False,  # causal
+            -1,  # window_left
+            -1,  # fixed_split_size
+            self.exact_grid,  # disable_split_kv
+            0,  # num_colocated_ctas
         )
+        if self.exact_grid:
+            if self._grid is None:
+                self._grid = list(info)
+            elif list(info) != self._grid:
+                raise RuntimeError(f"exact-grid plan changed shape: {list(info)} against {self._grid}")
+        wrapper._plan_info = info
+        wrapper._max_kv_len = int(kv_lens.max())
 
     def run(self, q: Tensor, kv_layer: Tensor) -> Tensor:
         # An explicit output saves the memset FlashInfer does when it allocates one (torch.zeros).

@@ -1,9 +1,9 @@
 """Building blocks shared by both families: RMSNorm, rotate-half RoPE and the fused SwiGLU MLP.
 
-On a CUDA device in fp16/bf16, with FlashInfer installed, RMSNorm, SiLU-and-mul and RoPE run as FlashInfer's
-fused kernels (one launch each instead of five to ten elementwise ones; same fp32 arithmetic, rounded to the
-activation dtype once). Everywhere else, and with `FUSED_KERNELS = False`, the
-plain torch code below runs.
+On a CUDA device in fp16/bf16, with FlashInfer installed, RMSNorm (with the residual add before it),
+SiLU-and-mul and RoPE run as FlashInfer's fused kernels (one launch each instead of five to ten elementwise
+ones; same fp32 arithmetic, rounded to the activation dtype once). Everywhere else, and with
+`FUSED_KERNELS = False`, the plain torch code below runs.
 """
 
 from __future__ import annotations
@@ -49,6 +49,22 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(residual + x), residual + x). On CUDA one fused kernel does both, in place in x and residual
+        (the sum is rounded to the stream's dtype as a separate add would round it)."""
+        fused = fused_kernels(x)
+        if (
+            fused is not None
+            and x.dim() == 2
+            and x.is_contiguous()
+            and residual.is_contiguous()
+            and residual.dtype == x.dtype == self.weight.dtype
+        ):
+            fused.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+            return x, residual
+        residual = residual + x
+        return self(residual), residual
 
 
 class SwiGLU(nn.Module):

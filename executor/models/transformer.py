@@ -39,7 +39,12 @@ class SelfAttention(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm block: h = x + attn(norm(x)), then h + mlp(norm(h)).
+
+    Over the residual stream, each add is deferred to the norm after it (`RMSNorm.add_norm`, one fused kernel
+    on a GPU): the block takes the previous block's MLP output (None for the first block) and the stream
+    before it, and hands on its own.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -48,9 +53,16 @@ class Layer(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden, config.rms_eps)
         self.mlp = SwiGLU(config.hidden, config.intermediate)
 
-    def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
-        h = x + self.attn(self.attn_norm(x), rope, layer, attend)
-        return h + self.mlp(self.mlp_norm(h))
+    def forward(
+        self, delta: Tensor | None, residual: Tensor, rope: Rotary, layer: int, attend: LayerAttention
+    ) -> tuple[Tensor, Tensor]:
+        """(this block's MLP output, the stream it adds to) from the last block's and its stream."""
+        if delta is None:
+            normed = self.attn_norm(residual)
+        else:
+            normed, residual = self.attn_norm.add_norm(delta, residual)
+        normed, residual = self.mlp_norm.add_norm(self.attn(normed, rope, layer, attend), residual)
+        return self.mlp(normed), residual
 
 
 class Transformer(nn.Module):
@@ -70,10 +82,10 @@ class Transformer(nn.Module):
         The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
         """
         rope = Rotary(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.embed(tokens)
-        for index, layer in enumerate(self.layers):
-            x = layer(x, rope, index, attend)
-        return self.lm_head(self.norm(x[head_rows]))
+        delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend)
+        for index in range(1, len(self.layers)):
+            delta, residual = self.layers[index](delta, residual, rope, index, attend)
+        return self.lm_head(self.norm.add_norm(delta[head_rows], residual[head_rows])[0])
 
     @property
     def device(self) -> torch.device:

@@ -1,4 +1,5 @@
-"""Shared helpers for the executor tests: a dense (non-paged) reference forward and checkpoint writers."""
+"""Shared helpers for the executor tests: a dense (non-paged) reference forward, checkpoint writers, and a
+decode item's next step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
+from executor.microbatch import ForwardItem, Phase
 from executor.models import Family, ModelConfig, Transformer
 from executor.models.checkpoint import checkpoint_names
 from sangam.hardware import BLOCK
@@ -104,3 +106,13 @@ def save_checkpoint(model: Transformer, directory: Path, *, shards: int = 1) -> 
         save_file({name: tensors[name] for name in part}, directory / file)
         weight_map |= dict.fromkeys(part, file)
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def committed(item: ForwardItem, seed: int, vocab: int = 50) -> ForwardItem:
+    """The item's next decode step: the same block with about 30% of its positions set to random tokens."""
+    tokens = item.tokens.clone()
+    picked = torch.rand(BLOCK, generator=torch.Generator().manual_seed(seed)) < 0.3
+    block = tokens[item.block_start : item.block_start + BLOCK]
+    generator = torch.Generator().manual_seed(seed)
+    block[picked] = torch.randint(0, vocab, (int(picked.sum()),), generator=generator)
+    return ForwardItem(item.request_id, Phase.DECODE, tokens, item.block_start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from executor_helpers import committed
 from torch import Tensor
 
 from executor.attention import TorchAttention
@@ -43,6 +44,10 @@ def test_padded_static_decode_equals_eager_decode(family: Family) -> None:
         items = decodes[:n]
         assert graphed.bucket_for(items) == next(b for b in BUCKETS if b >= n)
         torch.testing.assert_close(graphed.forward(items), runner.forward(items), rtol=1e-4, atol=1e-5)
+        # the block's next step: same composition, some masks committed; only the tokens are copied again
+        step = [committed(item, seed=n) for item in items]
+        assert graphed._buckets[graphed.bucket_for(step) or 0].last is not None
+        torch.testing.assert_close(graphed.forward(step), runner.forward(step), rtol=1e-4, atol=1e-5)
     graphed.close()
 
 

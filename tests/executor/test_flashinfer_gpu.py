@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from executor_helpers import committed
 from torch import Tensor
 
 from executor.attention import AttentionLayout, TorchAttention
@@ -96,7 +97,7 @@ def test_make_backend_picks_flashinfer_only_for_half_precision_on_cuda() -> None
 # -- fused layers ------------------------------------------------------------------------------------------
 
 
-def test_fused_norm_mlp_and_rope_equal_the_torch_code() -> None:
+def test_fused_norm_add_norm_mlp_and_rope_equal_the_torch_code() -> None:
     torch.manual_seed(0)
     norm = layers.RMSNorm(3584, 1e-6).to("cuda", DTYPE)
     norm.weight.data.normal_(1.0, 0.1)
@@ -110,7 +111,9 @@ def test_fused_norm_mlp_and_rope_equal_the_torch_code() -> None:
         q, k = qkv.clone()[:, : 32 * HEAD_DIM].split([28 * HEAD_DIM, 4 * HEAD_DIM], dim=-1)
         rope = layers.Rotary(positions, HEAD_DIM, 1_000_000.0)
         q, k = rope(q.view(-1, 28, HEAD_DIM), k.view(-1, 4, HEAD_DIM))
-        return [norm(x), mlp(h), q, k]
+        stream = x.flip(0).contiguous()  # a residual stream, updated in place by the fused kernel
+        added, summed = norm.add_norm(x.clone(), stream)
+        return [norm(x), mlp(h), q, k, added, summed]
 
     with torch.inference_mode():
         fused = run()
@@ -163,8 +166,10 @@ def test_model_with_flashinfer_is_as_accurate_as_with_torch_attention(family: Fa
 # -- decode CUDA graphs ------------------------------------------------------------------------------------
 
 
-def decode_setup(family: Family, requests: int = 12) -> tuple[ModelRunner, dict[int, Tensor], dict[int, int]]:
-    model = random_model(small_config(family), device="cuda", seed=3, std=0.1)
+def decode_setup(
+    family: Family, requests: int = 12, config: ModelConfig | None = None
+) -> tuple[ModelRunner, dict[int, Tensor], dict[int, int]]:
+    model = random_model(config or small_config(family), device="cuda", seed=3, std=0.1)
     runner = runner_for(model, "flashinfer")
     tokens, block = {}, {}
     for rid in range(requests):
@@ -189,6 +194,8 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
         assert relative_error(replayed, eager) < TOLERANCE, n
         again = graphed.forward(items)  # a replay is deterministic and its result is the caller's copy
         assert torch.equal(again, replayed)
+        step = [committed(item, seed=n) for item in items]  # the block's next step: only tokens change
+        assert relative_error(graphed.forward(step), runner.forward(step)) < TOLERANCE, n
     # more items than the largest bucket, or a prefill among them: eager, same results
     items = [ForwardItem(rid, Phase.DECODE, tokens[rid], block[rid]) for rid in range(10)]
     assert graphed.bucket_for(items) is None
@@ -200,6 +207,56 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
     off = GraphedModelRunner(runner, enabled=False)
     assert off.bucket_for(items[:2]) is None and not off.captured
     graphed.close()
+
+
+def test_exact_grid_buckets_replay_every_composition_and_step_like_eager() -> None:
+    # LLaDA-8B's attention geometry (32 query and KV heads) on a narrow body: exact grids from 4 items
+    config = dataclasses.replace(small_config(Family.LLADA), heads=32, kv_heads=32)
+    runner, tokens, block = decode_setup(Family.LLADA, config=config)
+    graphed = GraphedModelRunner(runner, buckets=(2, 4, 8))
+    assert graphed.captured and not graphed.exact_grid(2) and graphed.exact_grid(4) and graphed.exact_grid(8)
+    assert graphed.tile_entries(4) == graphed.tile_entries(8) == 0
+    for rids in ((0, 1, 2), (3, 4, 5, 6), (0, 1, 2), (7, 8, 9, 10, 11), (1, 3, 5, 7, 9, 11, 0, 2)):
+        items = [ForwardItem(rid, Phase.DECODE, tokens[rid], block[rid]) for rid in rids]
+        for step in range(3):  # a block's consecutive steps: same composition, new tokens
+            replayed, eager = graphed.forward(items), runner.forward(items)
+            assert relative_error(replayed, eager) < TOLERANCE, (rids, step)
+            items = [committed(item, seed=step) for item in items]
+    graphed.close()
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["graph-mode", "exact-grid"])
+def test_replans_into_a_captured_run_equal_fresh_plans(exact: bool) -> None:
+    heads, kv_heads, batch, rows = (32, 32, 4, 32) if exact else (28, 4, 4, 33)
+    per_item = 8
+    kv = torch.randn(batch * per_item * 3, 2, PAGE, kv_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+    generator = torch.Generator().manual_seed(5)
+    layouts = []
+    for lens in ([120, 97, 128, 64], [33, 128, 80, 111], [128, 128, 1, 50]):
+        pages = torch.randperm(len(kv), generator=generator).tolist()
+        tables = [pages[i * per_item : (i + 1) * per_item] for i in range(batch)]
+        layouts.append(AttentionLayout.build([rows] * batch, lens, tables))
+    q = torch.randn(batch * rows, heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+    backend = FlashInferAttention(
+        heads, kv_heads, HEAD_DIM, dtype=DTYPE, cuda_graph_batch=batch, max_pages=len(kv), exact_grid=exact
+    )
+    backend.plan(layouts[0])
+    backend.run(q, kv)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.run(q, kv)
+    for layout in (*layouts[1:], layouts[0]):
+        backend.plan(layout)
+        graph.replay()
+        eager = FlashInferAttention(heads, kv_heads, HEAD_DIM, dtype=DTYPE)
+        eager.plan(layout)
+        assert relative_error(out, eager.run(q, kv)) < TOLERANCE
+        if not exact:  # a fresh graph-mode wrapper planned by FlashInfer itself: the very same result
+            fresh = FlashInferAttention(
+                heads, kv_heads, HEAD_DIM, dtype=DTYPE, cuda_graph_batch=batch, max_pages=len(kv)
+            )
+            fresh.plan(layout)
+            assert torch.equal(out, fresh.run(q, kv))
 
 
 def test_graph_padding_pages_are_reserved_once_and_never_touch_real_pages() -> None:

@@ -48,29 +48,17 @@ from executor.flashinfer_backend import WORKSPACE_BYTES, FlashInferAttention, su
 from executor.forward import ModelRunner, PagedAttention
 from executor.kv_cache import KVSlots, PagedKVCache
 from executor.microbatch import ForwardItem, MicrobatchPlan, Phase
-from executor.models.config import ModelConfig
 from executor.models.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 
 log = logging.getLogger(__name__)
 
+# Graphs beat eager decodes at every size for both models on an H200 (benchmarks/executor_speed.py)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PADDING_OWNER = -1  # the PagePool owner id of the pages padding items write to (request ids are >= 0)
 DUMMY_PAGES = pages_for(BLOCK)  # a padding item's 32 block rows fill exactly these pages
 TILE_ROWS = 64  # the query tile FlashInfer should pick for a decode block of 32 (33) rows
 _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
-
-
-def default_buckets(config: ModelConfig) -> tuple[int, ...]:
-    """The decode batch sizes worth a graph for this model on an H200 (benchmarks/executor_speed.py).
-
-    LLaDA-8B's graphs win at 1-4 items (about 1.3-1.7x faster than eager) and, even with the tile entries
-    (whose host `plan` grows with them), tie at 8 in isolation and lose from 16 on. In a live worker, whose
-    host runs slower, eager decodes of 5-8 items took twice their isolated time (23.9 against 13.8 ms),
-    so LLaDA graphs up to 8. With GQA (Dream-7B, 7 query heads per KV head: 231 packed rows per item) the
-    tile fits and graphs win up to 16 items and tie at 32.
-    """
-    return (1, 2, 4, 8) if config.heads == config.kv_heads else DEFAULT_BUCKETS
 
 
 @dataclass(slots=True)
@@ -101,7 +89,7 @@ class GraphedModelRunner:
     """`ModelRunner.forward` with decode-only microbatches replayed from CUDA graphs.
 
     Graphs are captured at construction (largest bucket first, sharing one memory pool) for `buckets`
-    (default: `default_buckets(config)`), which needs FlashInfer and fp16/bf16 on a CUDA device; elsewhere,
+    (default: `DEFAULT_BUCKETS`), which needs FlashInfer and fp16/bf16 on a CUDA device; elsewhere,
     or with `enabled=False`, every microbatch runs eagerly and no page is reserved. `capture=False` keeps the
     padded static path but runs it without graphs (debugging; it also runs on CPU). One graphed runner per
     `PagePool` (the padding pages have one owner id); `close()` gives them back and drops the graphs.
@@ -117,9 +105,7 @@ class GraphedModelRunner:
         warmup: int = 2,
     ) -> None:
         self.runner = runner
-        self.buckets = tuple(
-            sorted(set(default_buckets(runner.model.config) if buckets is None else buckets))
-        )
+        self.buckets = tuple(sorted(set(DEFAULT_BUCKETS if buckets is None else buckets)))
         if not self.buckets or self.buckets[0] < 1:
             raise ValueError(f"buckets must be positive batch sizes, got {buckets}")
         self.enabled = enabled

@@ -220,7 +220,8 @@ def test_exact_grid_buckets_replay_every_composition_and_step_like_eager() -> No
         items = [ForwardItem(rid, Phase.DECODE, tokens[rid], block[rid]) for rid in rids]
         for step in range(3):  # a block's consecutive steps: same composition, new tokens
             replayed, eager = graphed.forward(items), runner.forward(items)
-            assert relative_error(replayed, eager) < TOLERANCE, (rids, step)
+            # 32 heads of bf16 attention, unsplit against split KV: about 1% apart; a stale plan is O(1)
+            assert relative_error(replayed, eager) < 2 * TOLERANCE, (rids, step)
             items = [committed(item, seed=step) for item in items]
     graphed.close()
 

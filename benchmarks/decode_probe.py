@@ -102,7 +102,7 @@ def attention(model: str, batch: int, workspace: torch.Tensor) -> None:
     # the same items with their KV one page shorter: a different plan of the same shape
     other = AttentionLayout.build([rows] * batch, [CONTEXT - PAGE] * batch, tables)
     q = torch.randn(batch * rows, heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-    bound = batch * CONTEXT * 2 * kv_heads * HEAD_DIM * 2 / (TB_PER_S * 1e9) * 1e3
+    bound = batch * CONTEXT * 2 * kv_heads * HEAD_DIM * 2 / (TB_PER_S * 1e9)  # ms
     eager = FlashInferAttention(heads, kv_heads, HEAD_DIM, dtype=torch.bfloat16)
     eager.plan(layout)
     reference = eager.run(q, kv)
@@ -143,7 +143,7 @@ def projections(model: str, tunable: bool) -> None:
         for name, (k, n) in shapes.items():
             w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            bound = n * k * 2 / (TB_PER_S * 1e9) * 1e3
+            bound = n * k * 2 / (TB_PER_S * 1e9)  # ms
             plain = graph_ms(functools.partial(F.linear, x, w))
             line = f"linear {model} M={m:4d} {name:>7}: {plain:.4f} ms (x{plain / bound:.2f})"
             if tunable:

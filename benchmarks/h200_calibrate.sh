@@ -13,6 +13,8 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD"
+# FlashInfer's JIT cache from an earlier call, when one is carried (`tar czf .jit/fi-cache.tgz -C ~/.cache flashinfer`)
+[[ -f .jit/fi-cache.tgz ]] && mkdir -p ~/.cache && tar xzf .jit/fi-cache.tgz -C ~/.cache
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS

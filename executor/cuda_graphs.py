@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from executor.attention import AttentionBackend, AttentionLayout, TorchAttention, indptr
-from executor.flashinfer_backend import WORKSPACE_BYTES, FlashInferAttention, supports
+from executor.flashinfer_backend import WORKSPACE_BYTES, FlashInferAttention, replans_supported, supports
 from executor.forward import ModelRunner, PagedAttention
 from executor.kv_cache import KVSlots, PagedKVCache
 from executor.microbatch import ForwardItem, MicrobatchPlan, Phase
@@ -259,7 +259,7 @@ class GraphedModelRunner:
     def exact_grid(self, size: int) -> bool:
         """Whether bucket `size` plans an exact, unsplit grid: when it gives at least 15/16 of the
         multiprocessors a tile (FlashInfer's query tile: 64 packed rows up to 64, else 128)."""
-        if self._multiprocessors == 0:
+        if self._multiprocessors == 0 or not replans_supported():
             return False
         packed = self.rows * self.group
         tiles = -(-packed // (TILE_ROWS if packed <= TILE_ROWS else 2 * TILE_ROWS))

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FA2 = "fa2"  # pinned: correct for causal=False on Hopper (DESIGN.md section 5)
+REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals
 
 
 @functools.cache
@@ -49,6 +50,12 @@ def flashinfer_module() -> ModuleType | None:
 
 def flashinfer_available() -> bool:
     return flashinfer_module() is not None
+
+
+def replans_supported() -> bool:
+    """Whether graph wrappers can replan through the planner alone and plan exact grids (FlashInfer 0.6.3)."""
+    module = flashinfer_module()
+    return module is not None and getattr(module, "__version__", "") == REPLAN_VERSION
 
 
 def supports(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -131,6 +138,9 @@ class FlashInferAttention:
             }
         if exact_grid and cuda_graph_batch is None:
             raise ValueError("an exact grid is a CUDA-graph plan: give cuda_graph_batch")
+        self._replans = cuda_graph_batch is not None and replans_supported()
+        if exact_grid and not self._replans:
+            raise ValueError(f"exact grids need FlashInfer {REPLAN_VERSION}")
         self.exact_grid = exact_grid
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=FA2, **buffers
@@ -161,7 +171,7 @@ class FlashInferAttention:
     def plan(self, layout: AttentionLayout) -> None:
         if self._planned is not None and same_layout(self._planned, layout):
             return  # the buffers still hold this very plan (a block's next decode step)
-        if self.cuda_graph_batch is not None and self._planned is not None:
+        if self._replans and self._planned is not None:
             self._replan(layout)
         else:
             self._wrapper.plan(

@@ -61,6 +61,16 @@ TILE_ROWS = 64  # the query tile FlashInfer should pick for a decode block of 32
 _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
 
 
+def unsplit_grid_fills(items: int, packed_rows: int, kv_heads: int, multiprocessors: int) -> bool:
+    """Whether one CTA per item, query tile and KV head gives at least 15/16 of the multiprocessors a tile.
+
+    `packed_rows`: one item's query rows times the query heads per KV head; FlashInfer's query tile holds
+    64 such rows up to 64, else 128.
+    """
+    tiles = -(-packed_rows // (TILE_ROWS if packed_rows <= TILE_ROWS else 2 * TILE_ROWS))
+    return 16 * items * tiles * kv_heads >= 15 * multiprocessors
+
+
 @dataclass(slots=True)
 class _Bucket:
     """Everything one batch size replays: static inputs, its attention backend, the graph and its output."""
@@ -257,14 +267,11 @@ class GraphedModelRunner:
         return max(0, size * self.rows - size + 1 - tile)
 
     def exact_grid(self, size: int) -> bool:
-        """Whether bucket `size` plans an exact, unsplit grid: when it gives at least 15/16 of the
-        multiprocessors a tile (FlashInfer's query tile: 64 packed rows up to 64, else 128)."""
+        """Whether bucket `size` plans an exact, unsplit grid (`unsplit_grid_fills`)."""
         if self._multiprocessors == 0 or not replans_supported():
             return False
-        packed = self.rows * self.group
-        tiles = -(-packed // (TILE_ROWS if packed <= TILE_ROWS else 2 * TILE_ROWS))
-        ctas = size * tiles * self.runner.model.config.kv_heads
-        return 16 * ctas >= 15 * self._multiprocessors
+        kv_heads = self.runner.model.config.kv_heads
+        return unsplit_grid_fills(size, self.rows * self.group, kv_heads, self._multiprocessors)
 
     def host_milliseconds(self, reset: bool = True) -> dict[str, float]:
         """Mean host time per replay spent packing, in FlashInfer's plan, and launching (graph plus copy)."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 from executor_helpers import committed
 from torch import Tensor
 
-from executor.attention import TorchAttention
-from executor.cuda_graphs import TILE_ROWS, GraphedModelRunner
+from executor.attention import AttentionLayout, TorchAttention, same_layout
+from executor.cuda_graphs import DEFAULT_BUCKETS, TILE_ROWS, GraphedModelRunner, unsplit_grid_fills
 from executor.forward import ModelRunner
 from executor.kv_cache import PagedKVCache
 from executor.microbatch import ForwardItem, Phase
@@ -76,4 +78,25 @@ def test_gqa_whose_packed_block_exceeds_the_tile_gets_no_entries() -> None:
     graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
     # tiny Dream: 2 query heads per KV head, 33 rows per item: 66 packed rows never fit a 64-row tile
     assert graphed.group == 2 and all(graphed.tile_entries(size) == 0 for size in BUCKETS)
+    graphed.close()
+
+
+def test_exact_grids_start_where_an_unsplit_grid_fills_an_h200() -> None:
+    def exact(packed_rows: int, kv_heads: int) -> list[int]:
+        return [b for b in DEFAULT_BUCKETS if unsplit_grid_fills(b, packed_rows, kv_heads, 132)]
+
+    assert exact(32, 32) == [4, 8, 16, 32, 64]  # LLaDA-8B: 32 rows, one KV head per query head
+    assert exact(33 * 7, 4) == [16, 32, 64]  # Dream-7B: 33 rows times 7 query heads, two 128-row tiles
+
+
+def test_a_blocks_next_step_keeps_its_layout_and_another_composition_gets_its_own() -> None:
+    runner, decodes = decoding_runner(Family.LLADA, requests=4)
+    graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
+    bucket = graphed._buckets[4]
+    with torch.inference_mode():
+        first = graphed._pack(decodes[:3], bucket)
+        step = graphed._pack([committed(item, seed=1) for item in decodes[:3]], bucket)
+        other = graphed._pack([decodes[0], decodes[1], decodes[3]], bucket)
+    assert step is first  # FlashInferAttention.plan then skips: same layout
+    assert not same_layout(other, first) and same_layout(other, AttentionLayout(*astuple(other)))
     graphed.close()

@@ -154,7 +154,7 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
     print(
         f"[profile] {label}: wall {wall:.2f} ms/iter, kernels {busy:.2f} ms ({busy / wall:.0%} busy): {split}"
     )
-    for name, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:14]:
+    for name, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:24]:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 

@@ -222,14 +222,12 @@ class GraphedModelRunner:
         first_rows = torch.tensor(starts)
         packed[_POSITIONS] = first_rows[:, None] + torch.arange(rows)
         slot_pages = [
-            table[position // PAGE]
+            [table[position // PAGE] for position in range(item.block_start, item.block_start + BLOCK)]
             for item, table in zip(items, tables, strict=True)
-            for position in range(item.block_start, item.block_start + BLOCK)
         ]
-        host[_SLOT_PAGES, : n * BLOCK] = torch.tensor(slot_pages)
-        host[_SLOT_OFFSETS, : n * BLOCK] = (
-            (first_rows + shift)[:, None] + torch.arange(BLOCK)
-        ).flatten() % PAGE
+        # a shifted item's left row keeps the template's scratch slot
+        packed[_SLOT_PAGES, :, shift:] = torch.tensor(slot_pages)
+        packed[_SLOT_OFFSETS, :, shift:] = ((first_rows + shift)[:, None] + torch.arange(BLOCK)) % PAGE
 
         counts = [pages_for(item.seq_len) for item in items]
         if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
@@ -325,23 +323,20 @@ class GraphedModelRunner:
         log.info("decode graphs for buckets %s ready in %.1f s", self.buckets, self.capture_seconds)
 
     def _bucket(self, size: int, flashinfer: bool) -> _Bucket:
-        device, rows = self.model.device, self.rows
-        item = torch.arange(size)[:, None] * rows
+        device, rows, shift = self.model.device, self.rows, self.shift
         block = torch.arange(BLOCK)
-        template = torch.zeros(4, size * rows, dtype=torch.long)  # tokens 0 at position 0
-        template[_SLOT_PAGES, : size * BLOCK] = (
-            torch.tensor(self.dummy_pages).repeat_interleave(PAGE).repeat(size)
-        )
-        template[_SLOT_OFFSETS, : size * BLOCK] = (block % PAGE).repeat(size)
-        template[_SLOT_PAGES, size * BLOCK :] = self.dummy_pages[0]
+        template = torch.zeros(4, size, rows, dtype=torch.long)  # tokens 0 at position 0
+        template[_SLOT_PAGES, :, :shift] = self.cache.scratch_page  # offset 0
+        template[_SLOT_PAGES, :, shift:] = torch.tensor(self.dummy_pages).repeat_interleave(PAGE)
+        template[_SLOT_OFFSETS, :, shift:] = block % PAGE
+        template = template.view(4, size * rows)
         static = template.to(device)
         plan = MicrobatchPlan(
             tokens=static[_TOKENS],
             positions=static[_POSITIONS],
             layout=self._padding_layout(size),
-            write_rows=(item + self.shift + block).flatten().to(device),
-            slots=KVSlots(static[_SLOT_PAGES, : size * BLOCK], static[_SLOT_OFFSETS, : size * BLOCK]),
-            head_rows=(item + block).flatten().to(device),
+            slots=KVSlots(static[_SLOT_PAGES], static[_SLOT_OFFSETS]),
+            head_rows=(torch.arange(size)[:, None] * rows + block).flatten().to(device),
         )
         backend: AttentionBackend
         if flashinfer:

@@ -268,7 +268,8 @@ def warm_up_kernels(
 ) -> dict[str, float]:
     """JIT-compile (or load from the cache) every FlashInfer module the executor uses, in parallel threads.
 
-    The modules: fa2 batch prefill for each head_dim, RMSNorm, SiLU-and-mul, RoPE with a cos/sin cache.
+    The modules: fa2 batch prefill for each head_dim, RMSNorm, SiLU-and-mul, RoPE with a cos/sin cache and
+    the paged K/V store.
     Returns seconds per module. Each build is a ninja subprocess, so threads overlap them.
     """
     import time
@@ -297,8 +298,15 @@ def warm_up_kernels(
         cache = torch.randn(4, 128, dtype=torch.float32, device=device)
         flashinfer.apply_rope_with_cos_sin_cache_inplace(rows, q, k, 128, cache, is_neox=True)
 
+    def page() -> None:
+        kv = torch.zeros(2, 2, PAGE, 1, 128, dtype=dtype, device=device)
+        rows = torch.zeros(3, dtype=torch.int32, device=device)
+        k = torch.randn(3, 1, 128, dtype=dtype, device=device)
+        bounds = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        flashinfer.append_paged_kv_cache(k, k, rows, rows, kv, rows[:1], bounds, bounds[1:])
+
     jobs: dict[str, Any] = {f"attention_hd{d}": functools.partial(attention, d) for d in head_dims}
-    jobs |= {"rmsnorm": norm, "silu_and_mul": activation, "rope": rope}
+    jobs |= {"rmsnorm": norm, "silu_and_mul": activation, "rope": rope, "append_paged_kv": page}
     seconds: dict[str, float] = {}
     failed: list[str] = []
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from executor.attention import AttentionBackend
-from executor.kv_cache import PagedKVCache
+from executor.kv_cache import KVSlots, PagedKVCache
 from executor.microbatch import ForwardItem, MicrobatchPlan, plan_microbatch
+from executor.models.layers import fused_kernels
 from executor.models.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE
 
@@ -20,27 +22,60 @@ class PagedAttention:
 
     Writing before attending lets a decode's block queries see the block's fresh K/V (Fast-dLLM dual cache)
     while every other position keeps what its last prefill wrote.
-
-    The store is `PagedKVCache.write` done in one `index_copy_` per K and V into the layer seen as
-    `(pages * 2 * PAGE, kv_heads * head_dim)` rows, computed once per microbatch: advanced indexing over
-    (page, K/V, offset) took five times as long (H200: 3.6 ms against 0.7 ms per 2048-token LLaDA prefill).
-    Rows are gathered only when some are not written (a Dream decode's extra left row); written rows are
-    increasing, so equal counts mean every row in order.
     """
 
     def __init__(self, cache: PagedKVCache, backend: AttentionBackend, plan: MicrobatchPlan) -> None:
-        self.cache, self.backend, self.plan = cache, backend, plan
-        self._k_rows = plan.slots.pages * (2 * PAGE) + plan.slots.offsets
-        self._v_rows = self._k_rows + PAGE
-        self._gather = len(plan.write_rows) != len(plan.tokens)
+        self.cache, self.backend = cache, backend
+        self._store = SlotStore(plan.slots)
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self._gather:
-            k, v = k[self.plan.write_rows], v[self.plan.write_rows]
         kv = self.cache.layers[layer]
-        _store_rows(kv, self._k_rows, k)
-        _store_rows(kv, self._v_rows, v)
+        self._store(kv, k, v)
         return self.backend.run(q, kv)
+
+
+class SlotStore:
+    """Stores every packed row's K and V, (T, kv_heads, head_dim) each, at its slot of one layer.
+
+    Built once per microbatch. On a GPU (fp16/bf16, FlashInfer present) one `append_paged_kv_cache`
+    kernel stores K and V from their strided views of the qkv output: the plan's slots become a one-page-
+    per-row table (row i at offset i * PAGE + its page offset of "request" 0). Elsewhere, or for a KV dtype
+    other than the activations', it is one `index_copy_` per K and V over the layer seen as
+    `(pages * 2 * PAGE, kv_heads * head_dim)` rows: advanced indexing over (page, K/V, offset) took five
+    times as long (H200: 3.6 ms against 0.7 ms per 2048-token LLaDA prefill).
+    """
+
+    def __init__(self, slots: KVSlots) -> None:
+        self.slots = slots
+
+    def __call__(self, kv_layer: Tensor, k: Tensor, v: Tensor) -> None:
+        fused = fused_kernels(k)
+        if fused is not None and k.dtype == v.dtype == kv_layer.dtype:
+            fused.append_paged_kv_cache(k, v, *self._row_table, kv_layer, *self._page_table)
+            return
+        k_rows, v_rows = self._rows
+        _store_rows(kv_layer, k_rows, k)
+        _store_rows(kv_layer, v_rows, v)
+
+    @functools.cached_property
+    def _row_table(self) -> tuple[Tensor, Tensor]:
+        """Per row: its request (0) and position (row * PAGE + page offset), int32."""
+        pages, offsets = self.slots.pages, self.slots.offsets
+        rows = torch.arange(len(pages), device=pages.device)
+        return torch.zeros_like(rows, dtype=torch.int32), (rows * PAGE + offsets).to(torch.int32)
+
+    @functools.cached_property
+    def _page_table(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Request 0's pages (one per row), page indptr and last-page length, int32."""
+        pages = self.slots.pages  # built with device ops only: this may run under CUDA-graph capture
+        bounds = torch.arange(2, dtype=torch.int32, device=pages.device) * len(pages)
+        return pages.to(torch.int32), bounds, torch.full_like(bounds[:1], PAGE)
+
+    @functools.cached_property
+    def _rows(self) -> tuple[Tensor, Tensor]:
+        """Rows of K and of V in the layer seen as (pages * 2 * PAGE, kv_heads * head_dim)."""
+        k_rows = self.slots.pages * (2 * PAGE) + self.slots.offsets
+        return k_rows, k_rows + PAGE
 
 
 def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
@@ -71,7 +106,8 @@ class ModelRunner:
         and a decode must follow a prefill of the same block on this cache (or a KV transfer into it).
         """
         tables = [self.cache.page_table(item.request_id) for item in items]
-        plan = plan_microbatch(items, tables, self.model.config.logit_shift, self.model.device)
+        shift, scratch = self.model.config.logit_shift, self.cache.scratch_page
+        plan = plan_microbatch(items, tables, shift, scratch, self.model.device)
         self.backend.plan(plan.layout)
         logits = self.model(
             plan.tokens, plan.positions, PagedAttention(self.cache, self.backend, plan), plan.head_rows

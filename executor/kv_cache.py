@@ -3,7 +3,9 @@
 Page accounting is sangam's: the worker's `sangam.kv.PagePool` (the same one its batcher allocates
 from) decides which request holds which page ids, and this cache only stores K/V at those ids. The
 layout is FlashInfer's paged NHD layout, with K stored after RoPE, so a FlashInfer backend can read
-these tensors as they are.
+these tensors as they are. One more page than the pool holds, `scratch_page`, takes the K/V of query
+rows that a forward computes but must not keep (a Dream decode's row left of its block), so every
+forward stores all its rows in one pass.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from sangam.kv import PagePool
 class KVSlots:
     """Where written K/V rows land: a page id and an offset inside that page per row."""
 
-    pages: Tensor  # (W,) int64
-    offsets: Tensor  # (W,) int64
+    pages: Tensor  # (rows,) int64
+    offsets: Tensor  # (rows,) int64
 
     @staticmethod
     def of(page_table: Sequence[int], positions: Tensor) -> KVSlots:
-        """Slots of absolute `positions` (W,) of a request holding `page_table`, on positions' device."""
+        """Slots of absolute `positions` (rows,) of a request holding `page_table`, on positions' device."""
         table = torch.as_tensor(page_table, dtype=torch.long, device=positions.device)
         return KVSlots(table[positions // PAGE], positions % PAGE)
 
@@ -53,7 +55,8 @@ class PagedKVCache:
         device: str | torch.device,
     ) -> None:
         self.pool = pool
-        shape = (pool.capacity, 2, PAGE, kv_heads, head_dim)
+        self.scratch_page = pool.capacity  # past every id the pool hands out; no attention reads it
+        shape = (pool.capacity + 1, 2, PAGE, kv_heads, head_dim)
         self.layers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
 
     @classmethod

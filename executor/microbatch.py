@@ -8,9 +8,9 @@ Query span per item (positions are absolute; `shift` is the model's logit shift,
 Logits come from hidden rows [block_start - shift, block_start - shift + 32): for Dream the head at
 position i predicts token i + 1, so the block's first token is read from the hidden state of the token
 to its left. A Dream decode therefore widens its query by that one token (33 rows). That token attends
-to the cache like the others, but its K/V are not written back: outside the block, the dual cache keeps
-the values of the last prefill, exactly as Fast-dLLM's `replace_position` does. This is exact, unlike
-reusing the first block position's own logit.
+to the cache like the others, but its K/V are not written back (they go to the cache's scratch page):
+outside the block, the dual cache keeps the values of the last prefill, exactly as Fast-dLLM's
+`replace_position` does. This is exact, unlike reusing the first block position's own logit.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ class MicrobatchPlan:
     tokens: Tensor  # (T,) packed query tokens
     positions: Tensor  # (T,) their absolute positions (RoPE)
     layout: AttentionLayout
-    write_rows: Tensor  # (W,) packed rows whose K/V are stored
-    slots: KVSlots  # (W,) where they are stored
+    slots: KVSlots  # (T,) where each row's K/V are stored: the scratch page for rows not kept
     head_rows: Tensor  # (items * BLOCK,) packed rows the LM head reads
 
 
@@ -81,31 +80,35 @@ def _span(item: ForwardItem, shift: int) -> _Span:
 
 
 def plan_microbatch(
-    items: Sequence[ForwardItem], page_tables: Sequence[Sequence[int]], shift: int, device: torch.device
+    items: Sequence[ForwardItem],
+    page_tables: Sequence[Sequence[int]],
+    shift: int,
+    scratch_page: int,
+    device: torch.device,
 ) -> MicrobatchPlan:
-    """Pack `items` (each with its request's page table) into one forward's plan, in item order."""
+    """Pack `items` (each with its request's page table) into one forward's plan, in item order.
+
+    Rows whose K/V are not kept are stored at offset 0 of `scratch_page`, a page no item attends to.
+    """
     if not items:
         raise ValueError("an empty microbatch has nothing to run")
     spans = [_span(item, shift) for item in items]
     layout = AttentionLayout.build([len(s.query) for s in spans], [i.seq_len for i in items], page_tables)
-    tokens, positions, write_rows, head_rows, pages, offsets = [], [], [], [], [], []
+    tokens, positions, head_rows, pages, offsets = [], [], [], [], []
     row = 0
     for item, span, table in zip(items, spans, page_tables, strict=True):
-        query = torch.arange(span.query.start, span.query.stop)
-        written = torch.arange(span.written.start, span.written.stop)
+        kept = span.written.start - span.query.start  # rows before the written span are not kept
+        slots = KVSlots.of(table, torch.arange(span.written.start, span.written.stop))
         tokens.append(item.tokens[span.query.start : span.query.stop])
-        positions.append(query)
-        write_rows.append(row + written - span.query.start)
+        positions.append(torch.arange(span.query.start, span.query.stop))
         head_rows.append(row + torch.arange(span.head.start, span.head.stop) - span.query.start)
-        slots = KVSlots.of(table, written)
-        pages.append(slots.pages)
-        offsets.append(slots.offsets)
+        pages.append(torch.cat([torch.full((kept,), scratch_page), slots.pages]))
+        offsets.append(torch.cat([torch.zeros(kept, dtype=torch.long), slots.offsets]))
         row += len(span.query)
     return MicrobatchPlan(
         tokens=torch.cat(tokens).to(device),
         positions=torch.cat(positions).to(device),
         layout=layout,
-        write_rows=torch.cat(write_rows).to(device),
         slots=KVSlots(torch.cat(pages).to(device), torch.cat(offsets).to(device)),
         head_rows=torch.cat(head_rows).to(device),
     )

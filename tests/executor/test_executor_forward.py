@@ -85,6 +85,28 @@ def test_one_layer_decode_equals_dense_forward_of_new_tokens(family: Family) -> 
 
 
 @pytest.mark.parametrize("family", list(Family))
+def test_a_decode_keeps_the_kv_of_its_block_only(family: Family) -> None:
+    # Dream's decode also forwards the row left of its block; that row's K/V go to the scratch page.
+    model = random_model(tiny(family), dtype=torch.float32, seed=12, std=0.2)
+    runner = make_runner(model)
+    tokens = sequence(model.config, prompt=40, masks=64, seed=13)
+    admit(runner, 3, tokens)
+    runner.forward([ForwardItem(3, Phase.PREFILL, tokens, 40)])
+    cache = runner.cache
+    pages = cache.page_table(3)
+    before = [layer.clone() for layer in cache.layers]
+    runner.forward([ForwardItem(3, Phase.DECODE, commit_some(tokens, 40, seed=14), 40)])
+    block = torch.zeros(len(tokens), dtype=torch.bool)
+    block[40 : 40 + BLOCK] = True
+    for layer, (old, new) in enumerate(zip(before, cache.layers, strict=True)):
+        stored = [kv[pages].transpose(0, 1).flatten(1, 2) for kv in (old, new)]  # (2, positions, ...)
+        changed = (stored[0] != stored[1]).flatten(2).any(-1).any(0)[: len(tokens)]
+        assert not changed[~block].any() and changed[block].any(), f"layer {layer}"
+        scratch = cache.scratch_page
+        assert torch.equal(old[scratch], new[scratch]) == (model.config.logit_shift == 0)
+
+
+@pytest.mark.parametrize("family", list(Family))
 def test_mixed_microbatch_equals_items_alone(family: Family) -> None:
     model = random_model(tiny(family), dtype=torch.float32, seed=10, std=0.2)
     lengths = {1: (19, 64), 2: (44, 96), 3: (5, 32), 4: (70, 64)}

@@ -27,7 +27,9 @@ def test_cache_takes_its_pages_from_the_pool() -> None:
     pages = cache.pool.allocate(5, pages_for(40))
     assert cache.page_table(5) == pages
     assert len(pages) == 3 and cache.pool.num_free == 7
-    assert cache.layers[0].shape == (10, 2, PAGE, KV_HEADS, HEAD_DIM)
+    assert cache.layers[0].shape == (11, 2, PAGE, KV_HEADS, HEAD_DIM)  # the pool's 10 and the scratch page
+    assert cache.scratch_page == 10
+    assert all(cache.scratch_page not in cache.pool.allocate(rid, 1) for rid in range(6, 13))
 
 
 def test_write_then_gather_round_trips_across_pages() -> None:

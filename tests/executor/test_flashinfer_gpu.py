@@ -13,8 +13,8 @@ from torch import Tensor
 from executor.attention import AttentionLayout, TorchAttention
 from executor.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
 from executor.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
+from executor.forward import ModelRunner, SlotStore
+from executor.kv_cache import KVSlots, PagedKVCache
 from executor.microbatch import ForwardItem, Phase
 from executor.models import Family, ModelConfig, Transformer, layers, random_model, tiny
 from sangam.hardware import BLOCK, PAGE, pages_for
@@ -124,6 +124,27 @@ def test_fused_norm_add_norm_mlp_and_rope_equal_the_torch_code() -> None:
             layers.FUSED_KERNELS = True
     for actual, expected in zip(fused, plain, strict=True):
         assert relative_error(actual, expected) < 5e-3
+
+
+def test_fused_kv_store_puts_every_row_where_the_index_copy_store_does() -> None:
+    torch.manual_seed(0)
+    kv_heads, rows, pages = 4, 300, 40
+    qkv = torch.randn(rows, (28 + 2 * kv_heads) * HEAD_DIM, dtype=DTYPE, device="cuda")
+    k, v = qkv[:, 28 * HEAD_DIM :].view(rows, 2, kv_heads, HEAD_DIM).unbind(1)  # strided, as the model's
+    slot = torch.randperm(pages * PAGE, device="cuda")[:rows]
+    slots = KVSlots(slot // PAGE, slot % PAGE)
+    layer = torch.randn(pages, 2, PAGE, kv_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+    expected = layer.clone()
+    expected[slots.pages, 0, slots.offsets] = k
+    expected[slots.pages, 1, slots.offsets] = v
+    for fused in (True, False):
+        stored = layer.clone()
+        layers.FUSED_KERNELS = fused
+        try:
+            SlotStore(slots)(stored, k, v)
+        finally:
+            layers.FUSED_KERNELS = True
+        assert torch.equal(stored, expected), f"fused={fused}"
 
 
 # -- whole model: FlashInfer against torch ----------------------------------------------------------------

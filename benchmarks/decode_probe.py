@@ -7,7 +7,9 @@ Run on the accelerator machine (FlashInfer installed): `python -m benchmarks.dec
    - `eager`: FlashInfer outside graphs (query tile from the mean item, KV split to fill the GPU);
    - `graph`: FlashInfer's CUDA-graph mode (always split; an MHA model also carries the empty tile entries of
      `executor.cuda_graphs`, without which the tile would be sized for one item holding every row);
-   - `exact`: `FlashInferAttention(exact_grid=True)`, one work tile per item and query tile, KV unsplit.
+   - `exact`: `FlashInferAttention(exact_grid=True)`, one work tile per item and query tile, KV unsplit;
+   - `exact/2`, `exact/4`: the same with each item's rows cut into 2 or 4 sub-items over its whole KV
+     (`executor.cuda_graphs.unsplit_subitems`), where each holds at least 16 packed rows.
    Each is captured in a CUDA graph of 20 runs and timed by replay (so host launches do not count), checked
    against `eager`, and put against the bound of reading the layer's KV once. The host time of one plan
    comes next to it: FlashInfer's own `plan` on the first call, then `FlashInferAttention`'s replans.
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.attention import AttentionLayout
-from executor.cuda_graphs import TILE_ROWS
+from executor.cuda_graphs import TILE_ROWS, subitem_rows
 from executor.flashinfer_backend import FlashInferAttention
 from sangam.hardware import PAGE, pages_for
 
@@ -123,6 +125,26 @@ def attention(model: str, batch: int, workspace: torch.Tensor) -> None:
             exact_grid=exact,
         )
         variants[name] = (backend, [padded(layout, pad), padded(other, pad)])
+    for parts in (2, 4):  # each item's rows as sub-items over its whole KV
+        cut = subitem_rows(rows, parts)
+        if cut[0] * group < 16:
+            continue
+        tables_cut = [table for table in tables for _ in cut]
+        layouts = [
+            AttentionLayout.build(cut * batch, [length] * len(tables_cut), tables_cut)
+            for length in (CONTEXT, CONTEXT - PAGE)
+        ]
+        backend = FlashInferAttention(
+            heads,
+            kv_heads,
+            HEAD_DIM,
+            dtype=torch.bfloat16,
+            cuda_graph_batch=len(tables_cut),
+            max_pages=len(layouts[0].kv_indices),
+            workspace=workspace,
+            exact_grid=True,
+        )
+        variants[f"exact/{parts}"] = (backend, layouts)
     for name, (backend, layouts) in variants.items():
         first, replan = plan_ms(backend, layouts)
         backend.plan(layouts[0])
@@ -130,7 +152,7 @@ def attention(model: str, batch: int, workspace: torch.Tensor) -> None:
         error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
         ms = graph_ms(functools.partial(backend.run, q, kv))
         print(
-            f"attention {model} B={batch:2d} {name:>5}: {ms:.4f} ms (x{ms / bound:.2f} of KV read), "
+            f"attention {model} B={batch:2d} {name:>7}: {ms:.4f} ms (x{ms / bound:.2f} of KV read), "
             f"err {error:.1e}; plan host {first:.2f} ms first, {replan:.3f} ms replan",
             flush=True,
         )

@@ -13,16 +13,18 @@ so page accounting stays exact (the pool simply has two pages fewer to give). Pa
 real request's pages and every real row's result is independent of them (attention is per item, every other
 op per row).
 
-Attention is planned one of two ways per bucket. Where an unsplit grid (one CTA per item, query tile and KV
-head) gives nearly every multiprocessor a tile (`exact_grid`: LLaDA-8B from 4 items, Dream-7B from 16 on an
-H200), the bucket plans that exact grid, as FlashInfer does outside graphs (`FlashInferAttention(exact_grid=
-True)`): its launch shape depends on the item count only. Smaller buckets use FlashInfer's CUDA-graph mode,
-which splits KV to fill the GPU but sizes its query tile as if every row of the batch could sit in one item
-(total rows - items + 1); an MHA model's 32-row blocks would get a 128-row tile from three items on and waste
-3/4 of the attention math, so such a plan also carries `tile_entries(size)` empty entries (no query rows,
-one KV token of a padding page) that bring that bound down to 64 rows and change no output. On an H200 the
-exact grid took 12-19% less attention time than graph mode for LLaDA at 4-32 items, and 33% / 14% less for
-Dream at 16 / 32 items (`python -m benchmarks.decode_probe`).
+Attention is planned one of two ways per bucket. Where an unsplit grid (one CTA per plan item, query tile
+and KV head, each over its item's whole KV) fills the GPU, the bucket plans that exact grid, as FlashInfer
+does outside graphs (`FlashInferAttention(exact_grid=True)`): its launch shape depends on the item count
+only. To fill it, an item's rows may become 2 or 4 sub-items over the same KV, a smaller query tile each
+(`unsplit_subitems`: on an H200, LLaDA-8B from 2 items, as 2 sub-items up to 4 items; Dream-7B from 8
+items, as 4 sub-items up to 16). Per row the result is the same attention. Smaller buckets use FlashInfer's
+CUDA-graph mode, which splits KV to fill the GPU but sizes its query tile as if every row of the batch
+could sit in one item (total rows - items + 1); an MHA model's 32-row blocks would get a 128-row tile from
+three items on and waste 3/4 of the attention math, so such a plan also carries `tile_entries(size)` empty
+entries (no query rows, one KV token of a padding page) that bring that bound down to 64 rows and change
+no output. Attention times per layer on an H200 are in `benchmarks/results/decode_probe-h200.txt`
+(`python -m benchmarks.decode_probe`).
 
 Consecutive decode steps of one block forward the same items over the same KV: the bucket keeps the last
 microbatch's positions, KV slots and attention layout, so such a step only copies its tokens, and its plan
@@ -61,14 +63,41 @@ TILE_ROWS = 64  # the query tile FlashInfer should pick for a decode block of 32
 _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
 
 
-def unsplit_grid_fills(items: int, packed_rows: int, kv_heads: int, multiprocessors: int) -> bool:
-    """Whether one CTA per item, query tile and KV head gives at least 15/16 of the multiprocessors a tile.
+def query_tile(packed_rows: int) -> int:
+    """FlashInfer fa2's query tile for items of `packed_rows` rows (query rows times query heads per KV
+    head)."""
+    return 16 if packed_rows <= 16 else TILE_ROWS if packed_rows <= TILE_ROWS else 2 * TILE_ROWS
 
-    `packed_rows`: one item's query rows times the query heads per KV head; FlashInfer's query tile holds
-    64 such rows up to 64, else 128.
+
+def subitem_rows(rows: int, parts: int) -> list[int]:
+    """An item's `rows` query rows cut into at most `parts` consecutive sub-items, all but the last equal."""
+    size = -(-rows // parts)
+    return [min(size, rows - start) for start in range(0, rows, size)]
+
+
+def unsplit_subitems(items: int, rows: int, group: int, kv_heads: int, multiprocessors: int) -> int | None:
+    """How many sub-items an unsplit attention grid cuts each item's rows into; None: a split grid is faster.
+
+    An unsplit grid runs one CTA per (sub-)item, query tile and KV head over the item's whole KV, so its
+    launch shape depends on the item count alone. Sub-items over the same KV multiply the CTAs, and the KV
+    reads (the repeated ones mostly from L2), by their number. The choice: the fewest sub-items (1, 2 or 4,
+    each of at least 16 packed rows, that is rows times `group` query heads per KV head) whose grid gives
+    15/16 of the multiprocessors two CTAs each, else one each. On an H200 this picked the fastest of those
+    grids and FlashInfer's split graph mode at every size of 1-32 items for both models
+    (`python -m benchmarks.decode_probe`).
     """
-    tiles = -(-packed_rows // (TILE_ROWS if packed_rows <= TILE_ROWS else 2 * TILE_ROWS))
-    return 16 * items * tiles * kv_heads >= 15 * multiprocessors
+    grids = []
+    for parts in (1, 2, 4):
+        cut = subitem_rows(rows, parts)
+        packed = cut[0] * group
+        if packed < 16:
+            break
+        grids.append((parts, items * len(cut) * -(-packed // query_tile(packed)) * kv_heads))
+    for per_multiprocessor in (2, 1):
+        for parts, ctas in grids:
+            if 16 * ctas >= 15 * per_multiprocessor * multiprocessors:
+                return parts
+    return None
 
 
 @dataclass(slots=True)
@@ -131,7 +160,7 @@ class GraphedModelRunner:
         self.capture_seconds = 0.0
         self._buckets: dict[int, _Bucket] = {}
         self._workspace: Tensor | None = None
-        self.host_seconds: dict[str, float] = dict.fromkeys(("pack", "plan", "launch"), 0.0)
+        self.host_seconds: dict[str, float] = dict.fromkeys(("pack", "plan", "launch", "copy"), 0.0)
         self.replays = 0
         if enabled:
             self._setup(capture, warmup)
@@ -177,11 +206,13 @@ class GraphedModelRunner:
             logits = bucket.logits
         else:
             logits = self._run(bucket)
+        launched = time.perf_counter()
         # A copy: the graph's output buffer is overwritten by the next replay of any bucket.
         result = logits[: n * BLOCK].view(n, BLOCK, -1).clone()
         self.host_seconds["pack"] += packed - start
         self.host_seconds["plan"] += planned - packed
-        self.host_seconds["launch"] += time.perf_counter() - planned
+        self.host_seconds["launch"] += launched - planned
+        self.host_seconds["copy"] += time.perf_counter() - launched
         self.replays += 1
         return result
 
@@ -233,24 +264,27 @@ class GraphedModelRunner:
         if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
             raise ValueError("a page table holds fewer pages than its KV length needs")
         tail_counts, tail_pages, tail_last = self._padding_tail(size - n, size)
-        pages = [page for table, count in zip(tables, counts, strict=True) for page in table[:count]]
+        parts = len(self.item_rows(size))  # each item's sub-items attend to its whole KV
+        pages = [page for table, count in zip(tables, counts, strict=True) for page in table[:count] * parts]
         last = [item.seq_len - (count - 1) * PAGE for item, count in zip(items, counts, strict=True)]
         layout = AttentionLayout(
             qo_indptr=bucket.plan.layout.qo_indptr,
-            kv_indptr=indptr(counts + tail_counts),
+            kv_indptr=indptr([count for count in counts for _ in range(parts)] + tail_counts),
             kv_indices=torch.tensor(pages + tail_pages, dtype=torch.int32),
-            kv_last_page_len=torch.tensor(last + tail_last, dtype=torch.int32),
+            kv_last_page_len=torch.tensor(
+                [n for n in last for _ in range(parts)] + tail_last, dtype=torch.int32
+            ),
         )
         return _Packed(key, [list(table) for table in tables], host, layout)
 
     def _padding_tail(self, pad: int, size: int) -> tuple[list[int], list[int], list[int]]:
-        """Page counts, pages and last-page lengths of `pad` padding items, then bucket `size`'s tile entries
-        (one KV token of a padding page each)."""
-        entries = self.tile_entries(size)
+        """Page counts, pages and last-page lengths of `pad` padding items (once per sub-item), then bucket
+        `size`'s tile entries (one KV token of a padding page each)."""
+        entries, parts = self.tile_entries(size), pad * len(self.item_rows(size))
         return (
-            [DUMMY_PAGES] * pad + [1] * entries,
-            self.dummy_pages * pad + self.dummy_pages[:1] * entries,
-            [BLOCK - (DUMMY_PAGES - 1) * PAGE] * pad + [1] * entries,
+            [DUMMY_PAGES] * parts + [1] * entries,
+            self.dummy_pages * parts + self.dummy_pages[:1] * entries,
+            [BLOCK - (DUMMY_PAGES - 1) * PAGE] * parts + [1] * entries,
         )
 
     def tile_entries(self, size: int) -> int:
@@ -265,14 +299,22 @@ class GraphedModelRunner:
         return max(0, size * self.rows - size + 1 - tile)
 
     def exact_grid(self, size: int) -> bool:
-        """Whether bucket `size` plans an exact, unsplit grid (`unsplit_grid_fills`)."""
+        """Whether bucket `size` plans an exact, unsplit grid (`unsplit_subitems`)."""
+        return self._subitems(size) is not None
+
+    def item_rows(self, size: int) -> list[int]:
+        """The query rows of the plan items one decode item becomes in bucket `size`: its sub-items."""
+        return subitem_rows(self.rows, self._subitems(size) or 1)
+
+    def _subitems(self, size: int) -> int | None:
         if self._multiprocessors == 0 or not replans_supported():
-            return False
+            return None
         kv_heads = self.runner.model.config.kv_heads
-        return unsplit_grid_fills(size, self.rows * self.group, kv_heads, self._multiprocessors)
+        return unsplit_subitems(size, self.rows, self.group, kv_heads, self._multiprocessors)
 
     def host_milliseconds(self, reset: bool = True) -> dict[str, float]:
-        """Mean host time per replay spent packing, in FlashInfer's plan, and launching (graph plus copy)."""
+        """Mean host time per replay spent packing, in FlashInfer's plan, launching the graph and queueing the
+        copy of its logits."""
         mean = {key: value / max(self.replays, 1) * 1e3 for key, value in self.host_seconds.items()}
         if reset:
             self.host_seconds = dict.fromkeys(self.host_seconds, 0.0)
@@ -340,15 +382,15 @@ class GraphedModelRunner:
         )
         backend: AttentionBackend
         if flashinfer:
-            entries = self.tile_entries(size)
+            entries, parts = self.tile_entries(size), len(self.item_rows(size))
             backend = FlashInferAttention.for_model(
                 self.model.config,
                 dtype=self.model.dtype,
                 kv_dtype=self.cache.layers[0].dtype,
                 device=device,
                 workspace=self._workspace,
-                cuda_graph_batch=size + entries,
-                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size + entries,
+                cuda_graph_batch=size * parts + entries,
+                max_pages=(self.cache.pool.capacity + DUMMY_PAGES * size) * parts + entries,
                 exact_grid=self.exact_grid(size),
             )
         else:
@@ -375,7 +417,7 @@ class GraphedModelRunner:
         """`size` padding items, each a block of 32 positions over the dummy pages, then the tile entries."""
         counts, pages, last = self._padding_tail(size, size)
         return AttentionLayout(
-            qo_indptr=indptr([self.rows] * size + [0] * self.tile_entries(size)),
+            qo_indptr=indptr(self.item_rows(size) * size + [0] * self.tile_entries(size)),
             kv_indptr=indptr(counts),
             kv_indices=torch.tensor(pages, dtype=torch.int32),
             kv_last_page_len=torch.tensor(last, dtype=torch.int32),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import astuple
 
 import pytest
@@ -10,7 +11,13 @@ from executor_helpers import committed
 from torch import Tensor
 
 from executor.attention import AttentionLayout, TorchAttention, same_layout
-from executor.cuda_graphs import DEFAULT_BUCKETS, TILE_ROWS, GraphedModelRunner, unsplit_grid_fills
+from executor.cuda_graphs import (
+    DEFAULT_BUCKETS,
+    TILE_ROWS,
+    GraphedModelRunner,
+    subitem_rows,
+    unsplit_subitems,
+)
 from executor.forward import ModelRunner
 from executor.kv_cache import PagedKVCache
 from executor.microbatch import ForwardItem, Phase
@@ -81,12 +88,43 @@ def test_gqa_whose_packed_block_exceeds_the_tile_gets_no_entries() -> None:
     graphed.close()
 
 
-def test_exact_grids_start_where_an_unsplit_grid_fills_an_h200() -> None:
-    def exact(packed_rows: int, kv_heads: int) -> list[int]:
-        return [b for b in DEFAULT_BUCKETS if unsplit_grid_fills(b, packed_rows, kv_heads, 132)]
+def test_unsplit_grids_take_the_fewest_sub_items_that_fill_an_h200() -> None:
+    def parts(rows: int, group: int, kv_heads: int) -> dict[int, int | None]:
+        return {b: unsplit_subitems(b, rows, group, kv_heads, 132) for b in DEFAULT_BUCKETS}
 
-    assert exact(32, 32) == [4, 8, 16, 32, 64]  # LLaDA-8B: 32 rows, one KV head per query head
-    assert exact(33 * 7, 4) == [16, 32, 64]  # Dream-7B: 33 rows times 7 query heads, two 128-row tiles
+    # LLaDA-8B: 32 rows, MHA. 2 x 16 rows fill 132 multiprocessors once at 2 items, twice at 4; whole items
+    # twice from 8; 4 x 8 rows would leave half of each 16-row tile empty.
+    assert parts(32, 1, 32) == {1: None, 2: 2, 4: 2, 8: 1, 16: 1, 32: 1, 64: 1}
+    # Dream-7B: 33 rows times 7 query heads over 4 KV heads; 4 sub-items of 9 rows fit a 64-row tile.
+    assert parts(33, 7, 4) == {1: None, 2: None, 4: None, 8: 4, 16: 4, 32: 1, 64: 1}
+    assert (
+        subitem_rows(33, 4) == [9, 9, 9, 6]
+        and subitem_rows(32, 2) == [16, 16]
+        and subitem_rows(5, 4) == [2, 2, 1]
+    )
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_sub_item_buckets_attend_each_part_to_its_items_whole_kv_like_eager(
+    family: Family, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # unsplit grids exist only with FlashInfer on a GPU: force 2 sub-items from bucket 4 to test their layouts
+    monkeypatch.setattr(GraphedModelRunner, "_subitems", lambda self, size: 2 if size >= 4 else None)
+    runner, decodes = decoding_runner(family, requests=6)
+    graphed = GraphedModelRunner(runner, buckets=BUCKETS, capture=False)
+    rows = graphed.rows
+    assert graphed.item_rows(2) == [rows] and graphed.item_rows(4) == subitem_rows(rows, 2)
+    with torch.inference_mode():
+        layout = graphed._pack(decodes[:3], graphed._buckets[4])
+    assert layout.num_items == 8 and layout.qo_indptr[-1] == 4 * rows
+    assert layout.kv_lens[:6] == [item.seq_len for item in decodes[:3] for _ in range(2)]
+    bounds = layout.kv_indptr.tolist()
+    tables = [layout.kv_indices[a:b].tolist() for a, b in itertools.pairwise(bounds)]
+    assert tables[0] == tables[1] == runner.cache.page_table(0)[: len(tables[0])]
+    for n in (3, 4, 6):
+        items = decodes[:n]
+        torch.testing.assert_close(graphed.forward(items), runner.forward(items), rtol=1e-4, atol=1e-5)
+    graphed.close()
 
 
 def test_a_blocks_next_step_keeps_its_layout_and_another_composition_gets_its_own() -> None:

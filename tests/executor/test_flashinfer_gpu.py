@@ -230,18 +230,24 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
     graphed.close()
 
 
-def test_exact_grid_buckets_replay_every_composition_and_step_like_eager() -> None:
-    # LLaDA-8B's attention geometry (32 query and KV heads) on a narrow body: exact grids from 4 items
-    config = dataclasses.replace(small_config(Family.LLADA), heads=32, kv_heads=32)
-    runner, tokens, block = decode_setup(Family.LLADA, config=config)
+@pytest.mark.parametrize("family", list(Family))
+def test_exact_grid_buckets_replay_every_composition_and_step_like_eager(family: Family) -> None:
+    # the full-size models' attention geometry on a narrow body; the sub-items are those of an H200
+    heads, kv_heads = (32, 32) if family is Family.LLADA else (28, 4)
+    config = dataclasses.replace(small_config(family), heads=heads, kv_heads=kv_heads)
+    runner, tokens, block = decode_setup(family, config=config)
     graphed = GraphedModelRunner(runner, buckets=(2, 4, 8))
-    assert graphed.captured and not graphed.exact_grid(2) and graphed.exact_grid(4) and graphed.exact_grid(8)
-    assert graphed.tile_entries(4) == graphed.tile_entries(8) == 0
+    assert graphed.captured and graphed._multiprocessors == 132
+    parts = {size: graphed.item_rows(size) if graphed.exact_grid(size) else None for size in (2, 4, 8)}
+    if family is Family.LLADA:
+        assert parts == {2: [16, 16], 4: [16, 16], 8: [32]}
+    else:
+        assert parts == {2: None, 4: None, 8: [9, 9, 9, 6]}
     for rids in ((0, 1, 2), (3, 4, 5, 6), (0, 1, 2), (7, 8, 9, 10, 11), (1, 3, 5, 7, 9, 11, 0, 2)):
         items = [ForwardItem(rid, Phase.DECODE, tokens[rid], block[rid]) for rid in rids]
         for step in range(3):  # a block's consecutive steps: same composition, new tokens
             replayed, eager = graphed.forward(items), runner.forward(items)
-            # 32 heads of bf16 attention, unsplit against split KV: about 1% apart; a stale plan is O(1)
+            # bf16 attention, unsplit against split KV: about 1% apart; a stale plan is O(1)
             assert relative_error(replayed, eager) < 2 * TOLERANCE, (rids, step)
             items = [committed(item, seed=step) for item in items]
     graphed.close()

@@ -107,8 +107,10 @@ class _Bucket:
     size: int
     static: Tensor  # (4, size * rows) int64 on the device: tokens, positions, slot pages, slot offsets
     template: Tensor  # the same on the host, holding the padding values of all `size` items
-    plan: MicrobatchPlan  # views of `static` plus the constant write and head rows
+    plan: MicrobatchPlan  # views of `static` plus the constant head rows
     backend: AttentionBackend
+    staging: Tensor | None  # pinned host memory `static` is copied from, on CUDA
+    staged: torch.cuda.Event | None  # recorded after each copy out of `staging`
     graph: torch.cuda.CUDAGraph | None = None
     logits: Tensor | None = None  # the graph's output, (size * BLOCK, vocab)
     last: _Packed | None = None  # the last microbatch packed into this bucket
@@ -227,13 +229,16 @@ class GraphedModelRunner:
         last = bucket.last
         if last is None or last.key != key or last.tables != tables:
             last = bucket.last = self._index(items, tables, bucket, key)
-        rows, shift = self.rows, self.shift
-        tokens = last.host[_TOKENS, : len(items) * rows].view(len(items), rows)
-        for i, item in enumerate(items):
-            first = item.block_start - shift
-            tokens[i] = item.tokens[first : first + rows]
-        # from pageable memory the copy returns once `host` is staged, so the next pack may refill it
-        bucket.static.copy_(last.host, non_blocking=True)
+        rows, shift, host = self.rows, self.shift, last.host
+        if bucket.staging is not None and bucket.staged is not None:
+            bucket.staged.synchronize()  # pinned: the last copy out of it must be done before it is refilled
+            host = bucket.staging
+            host.copy_(last.host)
+        spans = [item.tokens[item.block_start - shift : item.block_start - shift + rows] for item in items]
+        torch.cat(spans, out=host[_TOKENS, : len(items) * rows])
+        bucket.static.copy_(host, non_blocking=True)
+        if bucket.staged is not None:
+            bucket.staged.record()
         return last.layout
 
     def _index(
@@ -395,7 +400,9 @@ class GraphedModelRunner:
             )
         else:
             backend = TorchAttention()
-        return _Bucket(size, static, template, plan, backend)
+        cuda = device.type == "cuda"
+        staging, staged = (template.pin_memory(), torch.cuda.Event()) if cuda else (None, None)
+        return _Bucket(size, static, template, plan, backend, staging, staged)
 
     def _workspace_bytes(self, size: int) -> int:
         """FlashInfer's float workspace for a graph of `size` items, an upper bound of what `plan` takes.

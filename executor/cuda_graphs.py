@@ -109,8 +109,6 @@ class _Bucket:
     template: Tensor  # the same on the host, holding the padding values of all `size` items
     plan: MicrobatchPlan  # views of `static` plus the constant head rows
     backend: AttentionBackend
-    staging: Tensor | None  # pinned host memory `static` is copied from, on CUDA
-    staged: torch.cuda.Event | None  # recorded after each copy out of `staging`
     graph: torch.cuda.CUDAGraph | None = None
     logits: Tensor | None = None  # the graph's output, (size * BLOCK, vocab)
     last: _Packed | None = None  # the last microbatch packed into this bucket
@@ -229,16 +227,11 @@ class GraphedModelRunner:
         last = bucket.last
         if last is None or last.key != key or last.tables != tables:
             last = bucket.last = self._index(items, tables, bucket, key)
-        rows, shift, host = self.rows, self.shift, last.host
-        if bucket.staging is not None and bucket.staged is not None:
-            bucket.staged.synchronize()  # pinned: the last copy out of it must be done before it is refilled
-            host = bucket.staging
-            host.copy_(last.host)
+        rows, shift = self.rows, self.shift
         spans = [item.tokens[item.block_start - shift : item.block_start - shift + rows] for item in items]
-        torch.cat(spans, out=host[_TOKENS, : len(items) * rows])
-        bucket.static.copy_(host, non_blocking=True)
-        if bucket.staged is not None:
-            bucket.staged.record()
+        torch.cat(spans, out=last.host[_TOKENS, : len(items) * rows])
+        # from pageable memory the copy returns once `host` is staged, so the next pack may refill it
+        bucket.static.copy_(last.host, non_blocking=True)
         return last.layout
 
     def _index(
@@ -400,9 +393,7 @@ class GraphedModelRunner:
             )
         else:
             backend = TorchAttention()
-        cuda = device.type == "cuda"
-        staging, staged = (template.pin_memory(), torch.cuda.Event()) if cuda else (None, None)
-        return _Bucket(size, static, template, plan, backend, staging, staged)
+        return _Bucket(size, static, template, plan, backend)
 
     def _workspace_bytes(self, size: int) -> int:
         """FlashInfer's float workspace for a graph of `size` items, an upper bound of what `plan` takes.

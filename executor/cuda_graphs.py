@@ -270,7 +270,7 @@ class GraphedModelRunner:
             kv_indptr=indptr([count for count in counts for _ in range(parts)] + tail_counts),
             kv_indices=torch.tensor(pages + tail_pages, dtype=torch.int32),
             kv_last_page_len=torch.tensor(
-                [n for n in last for _ in range(parts)] + tail_last, dtype=torch.int32
+                [length for length in last for _ in range(parts)] + tail_last, dtype=torch.int32
             ),
         )
         return _Packed(key, [list(table) for table in tables], host, layout)

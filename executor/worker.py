@@ -282,8 +282,8 @@ class Engine:
     def step(self, on_launch: Callable[[], None] = lambda: None) -> pb.IterationReport | None:
         """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
         the iteration's GPU work is queued, before its wait for the results."""
-        start = time.monotonic()
-        with self.lock:
+        with self.lock:  # the start is read under the lock: a block a link thread adds meanwhile is in `mb`
+            start = time.monotonic()
             mb = self.batcher.next_microbatch(start)
             if mb.empty:
                 return None

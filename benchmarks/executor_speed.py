@@ -17,9 +17,11 @@ as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4
             token), per prefill its KV written.
 
 Targets (issue 3): prefill at S >= 2048 reaches >= 65% of its bound; decode at B >= 4 runs within 1.5x of it.
-`--profile B...` adds, per model, a kernel-time breakdown (torch.profiler) of a prefill and of eager and
-graphed decodes of B items. Each model is measured in a fresh process of its own (`bench_alone`). Only
-stdout is written, plus the rows as JSON with `--json FILE`.
+`x serial` is the time as a multiple of the linear layers' bound plus attention's own bound, one after the
+other, which is what kernels that do not overlap can reach; `--table FILE` prints the rows of an earlier
+`--json FILE` (no GPU needed). `--profile B...` adds, per model, a kernel-time breakdown (torch.profiler)
+of a prefill and of eager and graphed decodes of B items. Each model is measured in a fresh process of its
+own (`bench_alone`). Only stdout is written, plus the rows as JSON with `--json FILE`.
 """
 
 from __future__ import annotations
@@ -68,15 +70,35 @@ class Row:
     error: float | None = None  # graphed vs eager logits, mean relative error
 
 
+def count_parts(
+    spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(FLOPs, bytes) of one iteration of `items` identical items: its linear layers and LM head, then its
+    attention (KV read by a decode, written by a prefill)."""
+    linear = (
+        2 * spec.layers * spec.layer_params * items * query_rows
+        + 2 * spec.hidden * spec.vocab * BLOCK * items
+    )
+    weights = 2 * (spec.layers * spec.layer_params + spec.vocab * spec.hidden)
+    attention = 4 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
+    kv = items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token
+    return (float(linear), float(weights)), (float(attention), float(kv))
+
+
 def count(spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool) -> tuple[float, float]:
     """(FLOPs, bytes) of one iteration of `items` identical items."""
-    rows = items * query_rows
-    flops = 2 * spec.layers * spec.layer_params * rows
-    flops += 4 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
-    flops += 2 * spec.hidden * spec.vocab * BLOCK * items
-    weights = 2 * (spec.layers * spec.layer_params + spec.vocab * spec.hidden)
-    kv = items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token
-    return float(flops), float(weights + kv)
+    (linear, weights), (attention, kv) = count_parts(spec, items, query_rows, kv_len, decode)
+    return linear + attention, weights + kv
+
+
+def serial_bound_ms(row: Row) -> float:
+    """The row's linear layers at their bound, then its attention at its own: what kernels that run one
+    after another can reach (the roofline bound takes the max of the sums instead)."""
+    family = Family(row.model)
+    prefill = row.phase == "prefill"
+    query_rows = row.size if prefill else BLOCK + full_size(family).logit_shift
+    parts = count_parts(SPECS[family], 1 if prefill else row.size, query_rows, row.context, not prefill)
+    return sum(bound(flops, nbytes)[0] for flops, nbytes in parts)
 
 
 def bound(flops: float, nbytes: float) -> tuple[float, str]:
@@ -299,7 +321,7 @@ def bench_alone(family: Family, args: argparse.Namespace) -> list[Row]:
 HEADER = (
     f"{'model':<6} {'phase':<7} {'S/B':>5} {'ctx':>5} {'graphs':>6} {'fused':>5} {'ms':>8} "
     f"{'bound ms':>8} {'bound':>7} {'TFLOP/s':>7} {'TB/s':>5} {'x bound':>7} {'%roof':>5} {'target':>6} "
-    f"{'met':>4} {'g-err':>7}"
+    f"{'met':>4} {'x serial':>8} {'g-err':>7}"
 )
 
 
@@ -316,7 +338,7 @@ def format_row(row: Row) -> str:
         f"{row.model:<6} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} {row.fused!s:>5} "
         f"{row.ms:>8.2f} {row.bound_ms:>8.2f} {row.bound_by:>7} {row.flops / row.ms / 1e9:>7.0f} "
         f"{row.bytes / row.ms / 1e9:>5.2f} {row.ms / row.bound_ms:>7.2f} {row.bound_ms / row.ms:>5.0%} "
-        f"{row.target:>6} {met(row):>4} {error:>7}"
+        f"{row.target:>6} {met(row):>4} {row.ms / serial_bound_ms(row):>8.2f} {error:>7}"
     )
 
 
@@ -337,11 +359,26 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--profile", nargs="+", type=int, metavar="B", help="kernel-time breakdowns at these decode sizes"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")
     return parser.parse_args(argv)
+
+
+def load_rows(path: str) -> list[Row]:
+    with open(path) as handle:
+        return [Row(**{key: entry[key] for key in Row.__dataclass_fields__}) for entry in json.load(handle)]
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
+    if args.table:
+        print_table(load_rows(args.table))
+        return
     if not torch.cuda.is_available():
         sys.exit("executor_speed needs a CUDA GPU")
     args.decode = sorted(set(args.decode))
@@ -353,9 +390,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     rows = [row for name in args.models for row in bench_alone(Family(name), args)]
     print()
-    print(HEADER)
-    for row in rows:
-        print(format_row(row))
+    print_table(rows)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([asdict(row) | {"met": met(row)} for row in rows], handle, indent=1)

@@ -1,0 +1,51 @@
+"""The executor benchmark's bounds and its --table re-print (CPU: no forward runs)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.executor_speed import SPECS, Row, bound, count, main, serial_bound_ms
+from executor.models import Family
+from sangam.hardware import BLOCK
+
+
+def decode_row(model: Family, items: int, ms: float = 10.0) -> Row:
+    rows = BLOCK + (1 if model is Family.DREAM else 0)
+    flops, nbytes = count(SPECS[model], items, rows, 1819, decode=True)
+    bound_ms, by = bound(flops, nbytes)
+    return Row(model.value, "decode", items, 1819, "on", True, ms, flops, nbytes, bound_ms, by, "<=1.5x")
+
+
+@given(st.sampled_from(list(Family)), st.integers(1, 64))
+def test_the_serial_bound_is_never_below_the_roofline_bound(model: Family, items: int) -> None:
+    row = decode_row(model, items)
+    assert serial_bound_ms(row) >= row.bound_ms * (1 - 1e-12)
+
+
+def test_the_serial_bound_adds_attention_where_it_is_bound_by_another_resource() -> None:
+    one, eight = decode_row(Family.LLADA, 1), decode_row(Family.LLADA, 8)
+    # one item: weights and KV both stream from memory, so one after the other is the roofline bound
+    assert serial_bound_ms(one) == pytest.approx(one.bound_ms) == 1e3 * one.bytes / 4.3e12
+    # eight items: the linear layers are compute-bound while attention still streams its KV
+    assert serial_bound_ms(eight) > 1.2 * eight.bound_ms
+
+
+def test_table_prints_each_row_of_a_json_file(tmp_path, capsys) -> None:
+    rows = [decode_row(Family.LLADA, 8, ms=9.15), replace(decode_row(Family.DREAM, 4, ms=5.98), error=0.0)]
+    path = tmp_path / "speed.json"
+    path.write_text(json.dumps([asdict(row) | {"met": ""} for row in rows]))
+    main(["--table", str(path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[0].split()[-2:] == ["serial", "g-err"]
+    for line, row in zip(lines[1:], rows, strict=True):
+        fields = line.split()
+        assert fields[:3] == [row.model, "decode", str(row.size)]
+        assert float(fields[6]) == row.ms
+        serial = fields[-1] if row.error is None else fields[-2]
+        assert serial == f"{row.ms / serial_bound_ms(row):.2f}"
+    assert lines[1].split()[-2:] == ["NO", "1.38"]  # the shipped LLaDA B=8 figure: 1.74x bound, 1.38x serial

@@ -364,8 +364,13 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def load_rows(path: str) -> list[Row]:
-    with open(path) as handle:
-        return [Row(**{key: entry[key] for key in Row.__dataclass_fields__}) for entry in json.load(handle)]
+    """The rows of a `--json` file; a file that holds none exits with a one-line error."""
+    try:
+        with open(path) as handle:
+            entries = json.load(handle)
+        return [Row(**{key: entry[key] for key in Row.__dataclass_fields__}) for entry in entries]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        sys.exit(f"executor_speed: {path} holds no benchmark rows ({type(error).__name__}: {error})")
 
 
 def print_table(rows: Sequence[Row]) -> None:

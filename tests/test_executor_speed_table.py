@@ -49,3 +49,13 @@ def test_table_prints_each_row_of_a_json_file(tmp_path, capsys) -> None:
         serial = fields[-1] if row.error is None else fields[-2]
         assert serial == f"{row.ms / serial_bound_ms(row):.2f}"
     assert lines[1].split()[-2:] == ["NO", "1.38"]  # the shipped LLaDA B=8 figure: 1.74x bound, 1.38x serial
+
+
+@pytest.mark.parametrize("text", ["not json", '[{"model": "llada"}]', '{"rows": 1}'])
+def test_table_of_a_file_without_rows_exits_with_one_line(tmp_path, text: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--table", str(path)])
+    message = str(exit_.value.code)
+    assert message.startswith(f"executor_speed: {path} holds no benchmark rows") and "\n" not in message

@@ -34,7 +34,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -91,13 +91,19 @@ def count(spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: boo
     return linear + attention, weights + kv
 
 
+def iteration_shape(family: Family, phase: str, size: int) -> tuple[int, int]:
+    """(items, query rows per item): one prefill of S rows, or B decode blocks (33 rows each for Dream)."""
+    if phase == "prefill":
+        return 1, size
+    return size, BLOCK + full_size(family).logit_shift
+
+
 def serial_bound_ms(row: Row) -> float:
     """The row's linear layers at their bound, then its attention at its own: what kernels that run one
     after another can reach (the roofline bound takes the max of the sums instead)."""
     family = Family(row.model)
-    prefill = row.phase == "prefill"
-    query_rows = row.size if prefill else BLOCK + full_size(family).logit_shift
-    parts = count_parts(SPECS[family], 1 if prefill else row.size, query_rows, row.context, not prefill)
+    items, query_rows = iteration_shape(family, row.phase, row.size)
+    parts = count_parts(SPECS[family], items, query_rows, row.context, row.phase == "decode")
     return sum(bound(flops, nbytes)[0] for flops, nbytes in parts)
 
 
@@ -193,11 +199,9 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
     assert isinstance(backend, FlashInferAttention), "the benchmark measures FlashInfer attention"
     runner = ModelRunner(model, cache, backend)
     pool, rows = cache.pool, []
-    shift = config.logit_shift
 
     def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
-        query_rows = size if phase == "prefill" else BLOCK + shift
-        items = 1 if phase == "prefill" else size
+        items, query_rows = iteration_shape(family, phase, size)
         flops, nbytes = count(spec, items, query_rows, ctx, phase == "decode")
         bound_ms, by = bound(flops, nbytes)
         if phase == "prefill":
@@ -368,7 +372,7 @@ def load_rows(path: str) -> list[Row]:
     try:
         with open(path) as handle:
             entries = json.load(handle)
-        return [Row(**{key: entry[key] for key in Row.__dataclass_fields__}) for entry in entries]
+        return [Row(**{field.name: entry[field.name] for field in fields(Row)}) for entry in entries]
     except (OSError, ValueError, KeyError, TypeError) as error:
         sys.exit(f"executor_speed: {path} holds no benchmark rows ({type(error).__name__}: {error})")
 

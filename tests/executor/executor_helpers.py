@@ -17,6 +17,12 @@ from executor.models.checkpoint import checkpoint_names
 from sangam.hardware import BLOCK
 
 
+def bits(kv: Tensor) -> Tensor:
+    """A KV tensor's raw bits as integers of its width: the cache starts as torch.empty, so a slot never
+    written may hold NaNs, and NaN != NaN would make an untouched slot look changed."""
+    return kv.view({2: torch.int16, 4: torch.int32}[kv.element_size()])
+
+
 def dense_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Every token of one sequence attends to every other: the non-paged reference."""
     out = F.scaled_dot_product_attention(

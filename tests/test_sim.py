@@ -180,7 +180,7 @@ def check_algorithm1(log: list[dict[str, Any]], tau: float) -> None:
         segment = []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(scenarios())
 def test_random_traces_keep_every_invariant(scenario: dict[str, Any]) -> None:
     requests = scenario["requests"]

@@ -266,7 +266,7 @@ def traces(draw: st.DrawFn) -> list[TraceRow]:
     return rows
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(traces())
 def test_any_valid_trace_survives_a_csv_round_trip(rows: list[TraceRow]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -177,7 +177,7 @@ def reference_unmask(block: Tensor, logits: Tensor, block_step: BlockStep) -> Te
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     items=st.lists(
         st.tuples(

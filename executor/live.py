@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -813,6 +813,8 @@ def run_live(args: argparse.Namespace) -> int:
     """`sangam live`; bad options raise ValueError (exit 2), a failed run prints one line (exit 1)."""
     plan = plan_run(args)
     requests, output_lens = ([], []) if args.serve else workload(plan, args)
+    if requests:  # a trace file may hold fewer requests than --num-requests asks for
+        plan = replace(plan, config=replace(plan.config, num_requests=len(requests)))
     try:
         with _sigterm_as_interrupt():
             return _serve(plan, args) if args.serve else _replay(plan, args, requests, output_lens)

@@ -193,6 +193,11 @@ def run_sim(args: argparse.Namespace) -> int:
         kind, _, path = args.progress.partition(":")
         progress = empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(args.progress)
     file_rows = None if configs[0].is_synthetic else read_trace(Path(args.trace))
+    if file_rows is not None and len(rates) > 1 and file_rows[0].arrival_time is not None:
+        raise UsageError(
+            f"{args.trace}: every row has an arrival_time, so each --qps point would replay the same "
+            "arrivals; give one rate"
+        )
     link = load_link(args.link) if args.link else LinkSpec(args.link_gbps, args.link_latency_ms / 1000)
     kv_link = {"source": args.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s}
     results = []
@@ -201,6 +206,7 @@ def run_sim(args: argparse.Namespace) -> int:
             rows = synthetic_rows(cfg)
         else:
             rows = with_arrival_times(cfg, file_rows[: cfg.num_requests])
+            cfg = dataclasses.replace(cfg, num_requests=len(rows))  # a trace may be shorter
         result = simulate(
             cfg,
             rows,

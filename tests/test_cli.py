@@ -46,13 +46,28 @@ def test_sim_sweeps_several_rates(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out.count("\n") > 5
 
 
-def test_sim_replays_a_trace_file(tmp_path: Path) -> None:
+def test_sim_replays_a_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n")
     out = tmp_path / "out"
     assert main(["sim", "--mode", "1P1D", "--trace", str(trace), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 2
+    assert summary["config"]["num_requests"] == 2  # what the trace holds, not the default 4000
+    assert "  2 requests  " in capsys.readouterr().out
+
+
+def test_several_rates_over_a_timed_trace_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timed, untimed = tmp_path / "timed.csv", tmp_path / "untimed.csv"
+    timed.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n")
+    untimed.write_text("prompt_len,output_len\n100,64\n200,32\n")
+    assert main(["sim", "--trace", str(timed), "--qps", "1", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "every row has an arrival_time" in err
+    assert main(["sim", "--trace", str(untimed), "--qps", "1", "2", "--out", str(tmp_path / "o")]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["qps-1", "qps-2"]
 
 
 def test_sim_charges_transfers_with_a_measured_link_profile(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def test_live_replay_with_two_workers_writes_sim_results(
     trace = write_trace(tmp_path / "trace.csv", 30, qps=20.0, prompt=(4, 40), output=(1, 64), seed=1)
     out, iterations = tmp_path / "out", tmp_path / "iterations.csv"
     argv = [
-        "--workers", "2", "--trace", str(trace), "--num-requests", "30", "--mask-len", "64",
+        "--workers", "2", "--trace", str(trace), "--num-requests", "40", "--mask-len", "64",
         "--progress", "uniform:1:4", "--seed", "3", "--out", str(out), "--iteration-log", str(iterations),
         "--log-dir", str(tmp_path / "logs"),
     ]  # fmt: skip
@@ -75,6 +75,7 @@ def test_live_replay_with_two_workers_writes_sim_results(
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(int(r["request_id"]) for r in requests) == list(range(30))
     assert summary["completed"] == 30 and summary["failed"] == 0
+    assert summary["config"]["num_requests"] == 30  # all the trace holds, though 40 were asked for
     assert summary["config"]["workers"] == 2 and summary["config"]["mask_len"] == 64
     for row in requests:
         parts = sum(float(row[p]) for p in PARTS)

@@ -42,6 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
 from executor.ports import free_port
+from sangam.args import port_number
 from sangam.batcher import Policy
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
@@ -154,7 +155,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     )
     placement.add_argument("--host", default="127.0.0.1", help="address the scheduler's client port binds")
     placement.add_argument(
-        "--port", type=int, help=f"client port (default {SERVE_PORT} with --serve, else any)"
+        "--port", type=port_number, help=f"client port (default {SERVE_PORT} with --serve, else any)"
     )
     placement.add_argument("--serve", action="store_true", help="serve external clients until Ctrl-C")
     placement.add_argument("--log-dir", type=Path, help="process logs (default: a temporary directory)")

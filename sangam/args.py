@@ -32,3 +32,11 @@ def non_negative_float(text: str) -> float:
     if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port; 0 asks for any free one."""
+    value = int(_number(text, int, "a port number"))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in 0-65535, got {text!r}")
+    return value

@@ -1,4 +1,4 @@
-"""`sangam sim` and `sangam trace` end to end, including bad input."""
+"""`sangam sim` and `sangam trace` end to end, including bad input (and `live` and `app` ports)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,21 @@ def test_bad_input_is_one_line_on_stderr(
     assert main(["sim", "--num-requests", "20", *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["live", "--port", "99999"],
+        ["live", "--port", "-1"],
+        ["live", "--port", "x"],
+        ["app", "--port", "70000"],
+    ],
+)
+def test_a_bad_port_is_one_line_on_stderr(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--port: expected a port number" in err and err.count("\n") == 1
 
 
 def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

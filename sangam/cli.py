@@ -233,6 +233,10 @@ def run_sim(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     from profiles.store import DATA, load_profile, merge_log
+    from sangam.hardware import lookup_gpu, lookup_model
+
+    lookup_model(args.model)  # unknown names fail before any GPU is looked for
+    lookup_gpu(args.gpu)
 
     root = args.out or DATA
     if args.from_log:

@@ -1,4 +1,4 @@
-"""`sangam sim` and `sangam trace` end to end, including bad input (and `live` and `app` ports)."""
+"""`sangam sim` and `sangam trace` end to end, including bad input (also to `live`, `app` and `profile`)."""
 
 from __future__ import annotations
 
@@ -127,18 +127,22 @@ def test_bad_input_is_one_line_on_stderr(
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "needle"),
     [
-        ["live", "--port", "99999"],
-        ["live", "--port", "-1"],
-        ["live", "--port", "x"],
-        ["app", "--port", "70000"],
+        (["live", "--port", "99999"], "--port: expected a port number in 0-65535"),
+        (["live", "--port", "-1"], "--port: expected a port number in 0-65535"),
+        (["live", "--port", "x"], "--port: expected a port number"),
+        (["app", "--port", "70000"], "--port: expected a port number in 0-65535"),
+        (["profile", "--model", "gpt-9"], "unknown model"),  # before it looks for a GPU
+        (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "unknown GPU"),
     ],
 )
-def test_a_bad_port_is_one_line_on_stderr(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_other_commands_bad_options_are_one_line(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--port: expected a port number" in err and err.count("\n") == 1
+    assert needle in err and err.count("\n") == 1
 
 
 def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

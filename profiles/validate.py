@@ -87,6 +87,11 @@ def run_validate(args: argparse.Namespace) -> int:
             live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
             if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:
                 raise RuntimeError(f"the live run at {qps:g} QPS failed")
+        if args.live_results is not None and not (live_dir / "summary.json").is_file():
+            raise ValueError(
+                f"--live-results {args.live_results}: no live run at {qps:g} QPS there ({live_dir.name}/"
+                "summary.json missing); give --qps with the rates it holds"
+            )
         live = read_summary(live_dir)
         sim_dir = args.out / f"sim-qps{qps:g}"
         sim_args = ["sim", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(sim_dir)]

@@ -1,0 +1,67 @@
+"""`sangam validate --live-results` over the live runs shipped in benchmarks/results: the simulator, as it
+is now, still gives the errors of the shipped reports that the README quotes; and its bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sangam.cli import main
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+# report -> the directory of its live runs
+COLOCATED = {
+    "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
+    "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
+}
+SHARED_GPU = {  # simulated with the profiles of their day (README), so only the link's figures still hold
+    "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",
+    "validate-dream-7b-h200-1P1C-shared-gpu.json": "live-1p1c-dream-7b-h200",
+}
+
+
+def revalidate(report: str, live: str, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The shipped report's points and those of `sangam validate` run again on its live runs."""
+    shipped = json.loads((RESULTS / report).read_text())
+    cfg, link = shipped[0]["live"]["config"], shipped[0]["sim"]["kv_link"]["source"]
+    args = [
+        "validate", "--mode", cfg["mode"], "--model", cfg["model"], "--gpu", cfg["gpu"],
+        "--gpus", str(len(set(cfg["devices"]))), "--num-requests", str(cfg["num_requests"]),
+        "--seed", str(cfg["seed"]), "--qps", *(f"{p['qps']:g}" for p in shipped),
+        "--live-results", str(RESULTS / live), "--out", str(out), "--report", str(out / report),
+    ]  # fmt: skip
+    assert main([*args, *(["--link", link] if link != "assumed" else [])]) == 0
+    return shipped, json.loads((out / report).read_text())
+
+
+@pytest.mark.parametrize(("report", "live"), COLOCATED.items())
+def test_the_colocated_reports_are_what_the_simulator_gives(report: str, live: str, tmp_path: Path) -> None:
+    shipped, again = revalidate(report, live, tmp_path)
+    assert [p["qps"] for p in again] == [p["qps"] for p in shipped]
+    for old, new in zip(shipped, again, strict=True):
+        assert new["error_pct"] == pytest.approx(old["error_pct"], abs=0.01)
+
+
+def test_the_recheck_meets_the_fidelity_goal(tmp_path: Path) -> None:
+    report = "validate-llada-8b-h200-colocated-recheck.json"
+    (point,) = revalidate(report, COLOCATED[report], tmp_path)[1]
+    assert abs(point["error_pct"]["mean_e2el_ms"]) <= 3 and abs(point["error_pct"]["p99_e2el_ms"]) <= 5
+
+
+@pytest.mark.parametrize(("report", "live"), SHARED_GPU.items())
+def test_the_shared_gpu_transfer_figures_still_hold(report: str, live: str, tmp_path: Path) -> None:
+    shipped, again = revalidate(report, live, tmp_path)
+    for old, new in zip(shipped, again, strict=True):
+        for key in ("mean_transfer_ms", "p99_transfer_ms"):
+            assert new["error_pct"][key] == pytest.approx(old["error_pct"][key], abs=0.01)
+
+
+def test_a_rate_with_no_live_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    live = RESULTS / COLOCATED["validate-llada-8b-h200-colocated.json"]  # runs at 0.8 and 1 QPS
+    args = ["validate", "--mode", "colocated", "--model", "llada-8b", "--gpu", "h200", "--qps", "0.9"]
+    assert main([*args, "--live-results", str(live), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no live run at 0.9 QPS" in err and err.count("\n") == 1

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -42,7 +41,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
 from executor.ports import free_port
-from sangam.args import port_number
+from sangam.args import non_negative_float, port_number, positive_float, positive_int
 from sangam.batcher import Policy
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
@@ -66,40 +65,10 @@ class LiveError(Exception):
     """A live run failed (a process died, no progress, requests failed); one line for the user."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _threshold(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"expected a threshold in (0, 1], got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
 
 
@@ -133,7 +102,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         type=_gpu_list,
         help="GPU count or indices, one worker each; 0,0 puts two on GPU 0 (default: every visible GPU)",
     )
-    placement.add_argument("--workers", type=_positive_int, help="run N CPU workers instead (tests, no GPU)")
+    placement.add_argument("--workers", type=positive_int, help="run N CPU workers instead (tests, no GPU)")
     placement.add_argument(
         "--model",
         choices=sorted(LIVE_MODELS),
@@ -144,9 +113,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu", default=DEFAULTS.gpu, help="h100 or h200: sizes the default KV pool, as in sangam sim"
     )
     placement.add_argument(
-        "--pages", type=_positive_int, help=f"KV pages per worker (tiny default {TINY_PAGES})"
+        "--pages", type=positive_int, help=f"KV pages per worker (tiny default {TINY_PAGES})"
     )
-    placement.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads per worker")
+    placement.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads per worker")
     placement.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
@@ -159,26 +128,26 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     )
     placement.add_argument("--serve", action="store_true", help="serve external clients until Ctrl-C")
     placement.add_argument("--log-dir", type=Path, help="process logs (default: a temporary directory)")
-    placement.add_argument("--startup-timeout", type=_positive_float, default=600.0, help="seconds")
+    placement.add_argument("--startup-timeout", type=positive_float, default=600.0, help="seconds")
     placement.add_argument(
-        "--stall-timeout", type=_positive_float, default=300.0, help="fail after this long without progress"
+        "--stall-timeout", type=positive_float, default=300.0, help="fail after this long without progress"
     )
 
     workload = parser.add_argument_group("workload (as in sangam sim)")
     workload.add_argument(
         "--trace", default=DEFAULTS.trace, help="sharegpt, arxiv, or a .csv/.jsonl trace file"
     )
-    workload.add_argument("--qps", type=_positive_float, default=DEFAULTS.qps)
+    workload.add_argument("--qps", type=positive_float, default=DEFAULTS.qps)
     workload.add_argument(
         "--num-requests",
-        type=_positive_int,
+        type=positive_int,
         help=f"requests to replay (default {LIVE_NUM_REQUESTS}, {CPU_NUM_REQUESTS} on CPU)",
     )
     workload.add_argument(
-        "--arrival-cv", type=_positive_float, help="gamma arrivals with this CV (default Poisson)"
+        "--arrival-cv", type=positive_float, help="gamma arrivals with this CV (default Poisson)"
     )
     workload.add_argument(
-        "--mask-len", type=_positive_int, help="mask buffer (default 1024 ShareGPT, 512 arXiv)"
+        "--mask-len", type=positive_int, help="mask buffer (default 1024 ShareGPT, 512 arXiv)"
     )
     workload.add_argument(
         "--progress", help="forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, empirical:FILE"
@@ -186,18 +155,18 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     workload.add_argument("--seed", type=int, default=DEFAULTS.seed)
 
     policy = parser.add_argument_group("scheduling")
-    policy.add_argument("--budget", type=_positive_int, default=DEFAULTS.budget, help="tau of every worker")
+    policy.add_argument("--budget", type=positive_int, default=DEFAULTS.budget, help="tau of every worker")
     policy.add_argument(
         "--prefill-budget",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.prefill_budget,
         help="tau of prefill-role workers",
     )
     policy.add_argument(
-        "--theta", type=_positive_int, default=DEFAULTS.theta, help="hybrid overflow threshold"
+        "--theta", type=positive_int, default=DEFAULTS.theta, help="hybrid overflow threshold"
     )
     policy.add_argument("--policy", choices=[p.value for p in Policy], default=DEFAULTS.policy.value)
-    policy.add_argument("--max-decodes", type=_positive_int, default=DEFAULTS.max_decodes)
+    policy.add_argument("--max-decodes", type=positive_int, default=DEFAULTS.max_decodes)
 
     kv = parser.add_argument_group("KV transfer (<n>P<m>D and <n>P<m>C)")
     kv.add_argument(
@@ -206,13 +175,13 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: gloo on CPU and on a shared GPU (through pinned host memory), nccl between distinct GPUs",
     )
-    kv.add_argument("--transfer-timeout", type=_positive_float, default=30.0, help="seconds per attempt")
+    kv.add_argument("--transfer-timeout", type=positive_float, default=30.0, help="seconds per attempt")
     kv.add_argument(
-        "--transfer-attempts", type=_positive_int, default=3, help="attempts per transfer before ERROR"
+        "--transfer-attempts", type=positive_int, default=3, help="attempts per transfer before ERROR"
     )
     kv.add_argument(
         "--dist-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=120.0,
         help="seconds for the KV rendezvous at start-up and for rebuilding a link",
     )
@@ -225,7 +194,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         "threshold: confidence threshold (default with real weights)",
     )
     sampling.add_argument("--threshold", type=_threshold, default=0.9)
-    sampling.add_argument("--temperature", type=_non_negative_float, default=0.0)
+    sampling.add_argument("--temperature", type=non_negative_float, default=0.0)
 
     output = parser.add_argument_group("output")
     output.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")

@@ -5,51 +5,51 @@ of one seed see the same lengths, arrival times and (with `--unmask schedule`) t
 block. Results go through `sangam.results`, the one format both write, and the same table is printed.
 
 This module imports only the standard library and `sangam` at import time (the CLI builds its parser
-from `add_live_arguments` without loading torch or grpc); the launcher and the client load lazily.
+from `add_live_arguments` without loading torch or grpc); the client loads lazily.
 
 Layouts: `--mode colocated` (or `<n>C`), and disaggregated `<n>P<m>D` and hybrid `<n>P<m>C`, whose
 workers 0..n-1 are the prefill pool (budget `--prefill-budget`) and the rest the decode role. Those move KV
-over torch.distributed (`executor.kv_transfer`): worker 0 hosts the rendezvous store on a port chosen
-here; the transport is gloo on CPU, NCCL when every worker has a GPU of its own, and gloo through pinned
-host memory when workers share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one device).
+over torch.distributed (`executor.kv_transfer`): worker 0 hosts the rendezvous store on a port the
+launcher picks; the transport is gloo on CPU, NCCL when every worker has a GPU of its own, and gloo
+through pinned host memory when workers share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one device).
 
-Processes: `python -m executor.scheduler` first, then one `python -m executor.worker` per GPU (or per
-`--workers` on CPU), each in its own session so a terminal's Ctrl-C reaches only this process, which
-then stops them in order: a Shutdown call, SIGTERM to each process group, SIGKILL after a timeout.
-Children also exit by themselves if this process disappears. Their stderr goes to a log directory,
-whose path and last line are quoted in any error.
+Processes (`executor.launcher`): `python -m executor.scheduler` first, then one `python -m executor.worker`
+per GPU (or per `--workers` on CPU); a failed run's error quotes the log directory and a log's last line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+from executor.launcher import (
+    KV_TRANSPORTS,
+    ClusterSpec,
+    LiveError,
+    LocalCluster,
+    cpu_workers,
+    gpu_workers,
+    resolve_transport,
+    sigterm_as_interrupt,
+    visible_gpus,
+)
 from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
-from executor.ports import free_port
 from sangam.args import non_negative_float, port_number, positive_float, positive_int
 from sangam.batcher import Policy
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
-from sangam.layout import Kind, Layout, parse_mode
+from sangam.layout import Kind, parse_mode
 from sangam.request import Request
 
 if TYPE_CHECKING:
-    from executor.client import SangamClient
     from executor.proto import sangam_pb2 as pb
 
 DEFAULTS = RunConfig()
@@ -58,11 +58,6 @@ CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: a
 SERVE_PORT = 50051
 MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
 SETTLE_S = 10.0  # after the last request: how long the run waits for KV sources to release their pages
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class LiveError(Exception):
-    """A live run failed (a process died, no progress, requests failed); one line for the user."""
 
 
 def _threshold(text: str) -> float:
@@ -201,301 +196,6 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument(
         "--iteration-log", type=Path, help="one CSV row per worker iteration, plus gpu_s and items"
     )
-
-
-# ---- what to launch ----------------------------------------------------------------------------------
-
-
-KV_TRANSPORTS = ("gloo", "nccl")  # executor.kv_transfer.TRANSPORTS, without importing torch here
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSpec:
-    device: str  # as the worker sees it
-    env: dict[str, str] = field(default_factory=dict)
-    gpu: int | None = None  # the physical GPU index, if any
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSpec:
-    """Everything the scheduler and worker processes are started with."""
-
-    workers: tuple[WorkerSpec, ...]
-    model: str = "tiny-llada"
-    weights: str = "random"
-    pages: int = TINY_PAGES
-    mask_len: int = 1024
-    mode: str = "colocated"
-    policy: str = Policy.DEFICIT.value
-    budget: int = 1024
-    prefill_budget: int = 2048
-    max_decodes: int = 64
-    theta: int = 8192
-    seed: int = 0
-    threads: int = 1
-    cuda_graphs: bool = True
-    host: str = "127.0.0.1"
-    port: int = 0
-    iteration_log: Path | None = None
-    kv_transport: str = "auto"
-    transfer_timeout: float = 30.0
-    transfer_attempts: int = 3
-    dist_timeout: float = 120.0
-    worker_args: tuple[str, ...] = ()  # extra options for every worker (tests: fault injection)
-
-    @property
-    def stop_at_eos(self) -> bool:
-        return self.weights != "random"
-
-    @property
-    def layout(self) -> Layout:
-        return parse_mode(self.mode, len(self.workers))
-
-    @property
-    def transport(self) -> str:
-        return resolve_transport(self.kv_transport, self.workers)
-
-
-def resolve_transport(requested: str, workers: Sequence[WorkerSpec]) -> str:
-    """The KV transport: gloo on CPU or when workers share a GPU, NCCL between distinct GPUs."""
-    gpus = [w.gpu for w in workers]
-    on_gpu = all(g is not None for g in gpus)
-    shared = len(set(gpus)) < len(gpus)
-    if requested == "auto":
-        return "nccl" if on_gpu and not shared else "gloo"
-    if requested == "nccl" and not on_gpu:
-        raise ValueError("--kv-transport nccl needs GPU workers")
-    if requested == "nccl" and shared:
-        raise ValueError("--kv-transport nccl cannot join two workers on one GPU (NCCL refuses it); use gloo")
-    if requested not in KV_TRANSPORTS:
-        raise ValueError(f"unknown KV transport {requested!r} (known: auto, {', '.join(KV_TRANSPORTS)})")
-    return requested
-
-
-def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
-    return tuple(WorkerSpec("cpu") for _ in range(n))
-
-
-def gpu_workers(indices: Sequence[int]) -> tuple[WorkerSpec, ...]:
-    return tuple(WorkerSpec("cuda:0", {"CUDA_VISIBLE_DEVICES": str(i)}, gpu=i) for i in indices)
-
-
-def visible_gpus() -> int:
-    """CUDA devices this process sees (counted through NVML: no CUDA context in the launcher)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-# ---- the processes -----------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-
-    def last_line(self) -> str:
-        self.log_file.flush()
-        try:
-            lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines()]
-        except OSError:
-            return ""
-        lines = [line for line in lines if line]
-        return lines[-1] if lines else ""
-
-
-class LocalCluster:
-    """The scheduler and worker processes of one live deployment on this host."""
-
-    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None) -> None:
-        self.spec = spec
-        self._own_log_dir = log_dir is None
-        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="sangam-live-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.children: list[Child] = []
-        self.address = ""
-        self.client: SangamClient | None = None
-        self._stopping = False
-        self._stopped = False
-
-    def __enter__(self) -> LocalCluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self, timeout: float = 600.0) -> pb.StatusReply:
-        """Start every process; return once all workers have registered and the scheduler is ready."""
-        from executor.client import SangamClient, SangamError
-
-        spec = self.spec
-        deadline = time.monotonic() + timeout
-        ready_file = self.log_dir / "scheduler.json"
-        ready_file.unlink(missing_ok=True)
-        layout = spec.layout  # ValueError for a mode that does not fit the workers
-        if layout.num_workers != len(spec.workers):
-            raise ValueError(
-                f"mode {spec.mode!r} names {layout.num_workers} workers, not {len(spec.workers)}"
-            )
-        command = [
-            "-m", "executor.scheduler", "--workers", str(len(spec.workers)), "--mode", spec.mode,
-            "--mask-len", str(spec.mask_len), "--theta", str(spec.theta), "--seed", str(spec.seed),
-            "--host", spec.host, "--port", str(spec.port), "--ready-file", str(ready_file),
-            "--transfer-attempts", str(spec.transfer_attempts), "--exit-with-parent",
-        ]  # fmt: skip
-        links: list[str] = []
-        if layout.kind is not Kind.COLOCATED:
-            links = [
-                "--dist-port", str(free_port()), "--kv-transport", spec.transport,
-                "--transfer-timeout", str(spec.transfer_timeout), "--dist-timeout", str(spec.dist_timeout),
-            ]  # fmt: skip
-        if spec.stop_at_eos:
-            command.append("--stop-at-eos")
-        if spec.iteration_log is not None:
-            command += ["--iteration-log", str(spec.iteration_log)]
-        self._spawn("scheduler", command, {})
-        while not ready_file.exists():
-            self.check()
-            if time.monotonic() > deadline:
-                raise LiveError(f"the scheduler did not start within {timeout:g} s (logs: {self.log_dir})")
-            time.sleep(0.02)
-        info = json.loads(ready_file.read_text())
-        self.address = info["address"]
-        for index, worker in enumerate(spec.workers):
-            command = [
-                "-m", "executor.worker", "--worker-id", str(index), "--scheduler", info["control"],
-                "--model", spec.model, "--weights", spec.weights, "--device", worker.device,
-                "--pages", str(spec.pages), "--policy", spec.policy, "--budget", str(spec.budget),
-                "--prefill-budget", str(spec.prefill_budget), "--max-decodes", str(spec.max_decodes),
-                "--seed", str(spec.seed), "--threads", str(spec.threads), "--mode", spec.mode,
-                "--num-workers", str(len(spec.workers)), *links, *spec.worker_args, "--exit-with-parent",
-            ]  # fmt: skip
-            if not spec.cuda_graphs:
-                command.append("--no-cuda-graphs")
-            self._spawn(f"worker {index}", command, worker.env)
-        self.client = SangamClient(self.address)
-        while True:
-            self.check()
-            try:
-                status = self.client.status()
-            except SangamError:
-                status = None
-            if status is not None:
-                if status.failure:
-                    raise LiveError(status.failure)
-                if status.ready:
-                    return status
-            if time.monotonic() > deadline:
-                registered = status.workers_registered if status is not None else 0
-                raise LiveError(
-                    f"{registered} of {len(spec.workers)} workers ready after {timeout:g} s "
-                    f"(logs: {self.log_dir})"
-                )
-            time.sleep(0.05)
-
-    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str]) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("OMP_NUM_THREADS", str(self.spec.threads))
-        env.update(extra_env)
-        log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
-        log_file = log_path.open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # own process group: a terminal's Ctrl-C reaches only the launcher
-        )
-        self.children.append(Child(name, proc, log_path, log_file))
-
-    def check(self) -> None:
-        """Raise LiveError if any process has exited."""
-        if self._stopping:
-            return
-        for child in self.children:
-            code = child.proc.poll()
-            if code is not None:
-                last = child.last_line()
-                detail = f": {last}" if last else ""
-                raise LiveError(f"{child.name} exited with status {code}{detail} (logs: {self.log_dir})")
-
-    @property
-    def pids(self) -> list[int]:
-        return [child.proc.pid for child in self.children]
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind."""
-        if self._stopped:
-            return
-        self._stopping = True
-        with _ignoring_sigint():
-            try:
-                if self.client is not None and self.children and self.children[0].proc.poll() is None:
-                    with suppress(Exception):  # the scheduler may be gone already
-                        self.client.shutdown()
-                    _wait_all(self.children, min(timeout / 2, 5.0))
-            finally:
-                for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-                    # Only unreaped children: their pids (and process groups) cannot have been reused.
-                    alive = [c for c in self.children if c.proc.poll() is None]
-                    for child in alive:
-                        with suppress(ProcessLookupError, PermissionError):
-                            os.killpg(child.proc.pid, sig)
-                    _wait_all(alive, grace)
-                for child in self.children:
-                    child.log_file.close()
-                if self.client is not None:
-                    self.client.close()
-                self._stopped = True
-
-    def remove_logs(self) -> None:
-        if self._own_log_dir:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-def _wait_all(children: Sequence[Child], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for child in children:
-        with suppress(subprocess.TimeoutExpired):
-            child.proc.wait(max(0.0, deadline - time.monotonic()))
-
-
-@contextmanager
-def _ignoring_sigint() -> Iterator[None]:
-    """Let a shutdown finish although the user presses Ctrl-C again (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the launcher stops it like Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # ---- a run -------------------------------------------------------------------------------------------
@@ -786,7 +486,7 @@ def run_live(args: argparse.Namespace) -> int:
     if requests:  # a trace file may hold fewer requests than --num-requests asks for
         plan = replace(plan, config=replace(plan.config, num_requests=len(requests)))
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             return _serve(plan, args) if args.serve else _replay(plan, args, requests, output_lens)
     except LiveError as err:
         print(f"sangam: error: {err}", file=sys.stderr)

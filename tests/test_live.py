@@ -19,7 +19,8 @@ import pytest
 from live_helpers import child_pids, descendants, live_args, replay, subprocess_env, wait_gone, write_trace
 
 from executor.client import SangamClient, SangamError
-from executor.live import ClusterSpec, LiveError, LocalCluster, cpu_workers, run_live
+from executor.launcher import ClusterSpec, LiveError, LocalCluster, cpu_workers
+from executor.live import run_live
 from executor.proto import sangam_pb2 as pb
 from executor.scheduler import record_of, request_from_record
 from sangam.config import RunConfig, build_requests, with_arrival_times

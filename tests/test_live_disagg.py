@@ -13,16 +13,15 @@ import pytest
 from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
 from executor.kv_transfer import fit_link, recorded_command
-from executor.live import (
+from executor.launcher import (
     ClusterSpec,
     LocalCluster,
     WorkerSpec,
     cpu_workers,
     gpu_workers,
-    page_leaks,
     resolve_transport,
-    run_live,
 )
+from executor.live import page_leaks, run_live
 from sangam.config import RunConfig, with_arrival_times
 from sangam.hardware import lookup_model
 from sangam.layout import Role, parse_mode

@@ -12,17 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sangam.args import port_number
-
 ENTRY = Path(__file__).with_name("streamlit_app.py")
 ROOT = ENTRY.parent.parent  # the directory holding the `app` package
 DEFAULT_PORT = 8501
 
 
 def add_app_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--port", type=port_number, default=DEFAULT_PORT, help="port on 127.0.0.1 (default 8501)"
-    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port on 127.0.0.1 (default 8501)")
     parser.add_argument("--browser", action="store_true", help="open a browser tab once the server is up")
 
 

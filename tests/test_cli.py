@@ -1,4 +1,4 @@
-"""`sangam sim` and `sangam trace` end to end, including bad input (also to `live`, `app` and `profile`)."""
+"""`sangam sim` and `sangam trace` end to end, including bad input (also to `live` and `profile`)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,6 @@ def test_bad_input_is_one_line_on_stderr(
         (["live", "--port", "99999"], "--port: expected a port number in 0-65535"),
         (["live", "--port", "-1"], "--port: expected a port number in 0-65535"),
         (["live", "--port", "x"], "--port: expected a port number"),
-        (["app", "--port", "70000"], "--port: expected a port number in 0-65535"),
         (["profile", "--model", "gpt-9"], "unknown model"),  # before it looks for a GPU
         (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "unknown GPU"),
     ],

@@ -101,7 +101,8 @@ class SimWorker:
                 self._in_run = False
             except simpy.Interrupt:  # `wake` during the stretch: stop after the iteration in flight
                 run = min(run, max(1, math.ceil((env.now - start) / step)))
-                yield timeout(start + run * step - env.now)
+                # work that arrives on a boundary: start + run * step can round a few ulps below now
+                yield timeout(max(0.0, start + run * step - env.now))
             cluster.iterations += run
             if logging:
                 cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))

@@ -77,6 +77,19 @@ def test_disaggregated_timeline_is_exact() -> None:
     assert (rec.decode_worker, rec.decode_start, rec.end) == (1, 1.5, 3.5)
 
 
+def test_work_arriving_on_a_stretch_boundary_stops_it_there() -> None:
+    # with 0.1 s iterations, 2.3000000000000003 - 0.4 is 19 steps by division, but 0.4 + 19 * 0.1 rounds
+    # below it: the stretch's remaining wait came out negative and SimPy refused it
+    a = make_request(0, 379, arrival=0.4, steps=(26,))
+    b = make_request(1, 595, arrival=2.3000000000000003, steps=(8, 6))
+    c = make_request(2, 140, arrival=2.5, steps=(3,))
+    run_cluster([a, b, c], "2C", cost=LinearCost(0.1))
+    assert all(req.finished for req in (a, b, c))
+    assert b.blocks[0].prefill_worker == a.blocks[0].decode_worker  # b cut a's stretch on its worker
+    assert b.blocks[0].prefill_start == b.arrival  # at the boundary itself, with no gap
+    assert a.blocks[0].end == pytest.approx(0.4 + 26 * 0.1)  # a's forwards ran back to back throughout
+
+
 def test_a_link_carries_one_transfer_at_a_time() -> None:
     a = make_request(1, 100, arrival=0.0, steps=(2,))
     b = make_request(2, 100, arrival=0.0, steps=(2,))

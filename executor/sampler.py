@@ -93,7 +93,8 @@ def propose(logits: Tensor, mask_id: int, steps: Sequence[BlockStep]) -> tuple[T
     for i, step in enumerate(steps):
         if step.params.temperature > 0.0:
             noise = _gumbel(logprobs.shape[1:], _generator(step, logits.device))
-            proposal[i] = (logprobs[i] / step.params.temperature + noise).argmax(-1)
+            # argmax(l / T + g) scaled by T: a tiny T cannot overflow every score to -inf (then argmax is 0)
+            proposal[i] = (logprobs[i] + step.params.temperature * noise).argmax(-1)
     # the proposal is never the mask id, so the masked-out column does not change its confidence
     return proposal, logprobs.gather(-1, proposal[..., None]).squeeze(-1).exp()
 

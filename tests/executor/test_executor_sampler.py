@@ -101,11 +101,12 @@ def test_gumbel_sampling_is_reproducible_per_seed_block_and_step() -> None:
     assert first.ne(MASK).sum() == 1 and other.ne(MASK).sum() == 1
 
 
-def test_gumbel_at_low_temperature_is_argmax() -> None:
+@pytest.mark.parametrize("temperature", [1e-4, 1e-44])  # 1e-44: l / T is -inf everywhere in float32
+def test_gumbel_at_low_temperature_is_argmax(temperature: float) -> None:
     logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(1)) * 5
-    cold, _ = propose_one(logits, 1e-4)
+    cold, _ = propose_one(logits, temperature)
     greedy, _ = propose_one(logits)
-    assert torch.equal(cold, greedy)
+    assert torch.equal(cold, greedy) and greedy.ne(0).any()
 
 
 def test_eos_ends_generation_once_its_block_is_done() -> None:
@@ -162,7 +163,7 @@ def reference_unmask(block: Tensor, logits: Tensor, block_step: BlockStep) -> Te
     if params.temperature > 0.0:
         generator = torch.Generator().manual_seed(step_seed(params.seed, block_step.block, block_step.step))
         uniform = torch.rand(scores.shape, generator=generator).clamp_min(torch.finfo(torch.float32).tiny)
-        scores = scores / params.temperature - torch.log(-torch.log(uniform))
+        scores = scores + params.temperature * -torch.log(-torch.log(uniform))
     proposal = scores.argmax(-1)
     confidence = {i: float(logprobs[i, proposal[i]].exp()) for i in masked}
     by_confidence = sorted(masked, key=lambda i: -confidence[i])

@@ -369,7 +369,7 @@ def replay(
     prompts = cfg.rng("prompts")
     seeds = cfg.rng("sampling")
     pending: list[tuple[int, Any]] = []
-    in_flight: deque[Any] = deque()
+    in_flight: deque[tuple[int, Any]] = deque()
     start = time.monotonic()
     for req in sorted(requests, key=lambda r: (r.arrival, r.id)):
         prompt = [
@@ -388,19 +388,21 @@ def replay(
             cluster.check()
             time.sleep(min(wait, 0.05))
         while len(in_flight) >= MAX_IN_FLIGHT:  # a burst must not exceed the server's concurrent calls
-            in_flight.popleft().exception()
+            _submitted(cluster, *in_flight.popleft())  # a failed call ends the replay here, not at the end
         future = cluster.client.submit_future(message)
-        in_flight.append(future)
+        in_flight.append((req.id, future))
         pending.append((req.id, future))
-    ids = {}
-    for index, future in pending:
-        try:
-            reply = future.result()
-        except Exception as err:
-            cluster.check()
-            raise LiveError(f"submitting request {index} failed: {describe(err)}") from None
-        ids[reply.request_id] = index
-    return ids
+    return {_submitted(cluster, index, future).request_id: index for index, future in pending}
+
+
+def _submitted(cluster: LocalCluster, index: int, future: Any) -> pb.SubmitReply:
+    """The reply of request `index`'s Submit; LiveError if the call failed."""
+    try:
+        reply: pb.SubmitReply = future.result()
+    except Exception as err:
+        cluster.check()
+        raise LiveError(f"submitting request {index} failed: {describe(err)}") from None
+    return reply
 
 
 def describe(err: BaseException) -> str:
@@ -495,7 +497,10 @@ def run_live(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _running(plan: LivePlan, args: argparse.Namespace) -> Iterator[tuple[LocalCluster, pb.StatusReply]]:
-    """A started cluster, stopped on the way out; its logs are kept only if something failed."""
+    """A started cluster, stopped on the way out; its logs are kept only if something failed. A call to
+    the scheduler that fails (a live but unresponsive scheduler) ends the run as a LiveError."""
+    from executor.client import SangamError
+
     cluster = LocalCluster(plan.cluster, args.log_dir)
     keep_logs = True
     try:
@@ -505,6 +510,9 @@ def _running(plan: LivePlan, args: argparse.Namespace) -> Iterator[tuple[LocalCl
     except KeyboardInterrupt:
         keep_logs = False
         raise
+    except SangamError as err:
+        cluster.check()  # a process that died is the better reason
+        raise LiveError(f"the scheduler stopped answering: {err} (logs: {cluster.log_dir})") from None
     finally:
         cluster.stop()
         if not keep_logs:

@@ -275,3 +275,38 @@ def test_no_process_outlives_the_launcher(tmp_path: Path, case: str, workers: in
             launcher.kill()
     assert code == {"serve-ctrl-c": 0, "replay-ctrl-c": 130, "launcher-killed": -signal.SIGKILL}[case]
     assert wait_gone(children, 10.0) == set(), "processes outlived the launcher"
+
+
+@pytest.mark.parametrize(
+    ("requests", "needle"),
+    [(400, "submitting request"), (6, "the scheduler stopped answering")],  # mid-replay; after it
+)
+def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
+    tmp_path: Path, requests: int, needle: str
+) -> None:
+    prompt = (4, 40) if requests > 100 else (1500, 2000)  # long prompts: none of the 6 is done in 1 s
+    trace = write_trace(tmp_path / "t.csv", requests, qps=20.0, prompt=prompt, output=(32, 64), seed=2)
+    argv = ["--workers", "1", "--mask-len", "64", "--trace", str(trace), "--num-requests", str(requests)]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "executor.live", *argv, "--log-dir", str(tmp_path / "logs")],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        _read_until(launcher.stderr, "replaying", 60)
+        time.sleep(0.5 if requests > 100 else 1.0)  # mid-replay; all 6 submitted (at 20 QPS), none done
+        children = descendants(launcher.pid)
+        (scheduler,) = (
+            p for p in children if b"executor.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
+        )
+        os.kill(scheduler, signal.SIGSTOP)  # alive, answering nothing: each call runs into its deadline
+        code = launcher.wait(timeout=60)
+        err = launcher.stderr.read() if launcher.stderr else ""
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert code == 1
+    (line,) = [x for x in err.splitlines() if x.startswith("sangam: error:")]
+    assert needle in line and "DEADLINE_EXCEEDED" in line and "Traceback" not in err
+    assert wait_gone(children, 10.0) == set(), "processes outlived the launcher"

@@ -462,17 +462,15 @@ def settle(cluster: LocalCluster, timeout: float) -> pb.StatusReply:
 
 
 def rebuild(
-    records: Sequence[pb.RequestRecord], ids: dict[int, int], output_lens: Sequence[int]
+    records: Sequence[pb.RequestRecord], ids: dict[int, int], output_lens: Sequence[int], origin: float
 ) -> list[Request]:
-    """Finished requests with the trace's ids and lengths, times relative to the first arrival."""
+    """Finished requests with the trace's ids and lengths, times relative to `origin`, the scheduler's
+    first accepted arrival (`StatusReply.first_arrival`, the iteration log's origin too)."""
     from executor.scheduler import request_from_record
 
-    if not records:
-        return []
-    shift = min(r.arrival for r in records)
     requests = []
     for record in records:
-        req = request_from_record(record, shift=shift)
+        req = request_from_record(record, shift=origin)
         index = ids.get(record.request_id, record.request_id)
         req.id = index
         if index < len(output_lens) and -(-output_lens[index] // BLOCK) == req.n_blocks:
@@ -538,7 +536,7 @@ def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], o
         records = cluster.client.results()
         finished_ids = {r.request_id for r in records}
         failed = [cluster.client.poll(rid) for rid in ids if rid not in finished_ids]
-    finished = rebuild(records, ids, output_lens)
+    finished = rebuild(records, ids, output_lens, final.first_arrival)
     if not finished:
         reason = failed[0].error if failed else "no request finished"
         raise LiveError(f"all {len(requests)} requests failed: {reason}")
@@ -587,7 +585,8 @@ def _serve(plan: LivePlan, args: argparse.Namespace) -> int:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
-        finished = rebuild(cluster.client.results(), {}, []) if args.out else []
+        client = cluster.client
+        finished = rebuild(client.results(), {}, [], client.status().first_arrival) if args.out else []
     if finished:
         summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
         summary["config"] = plan.resolved()

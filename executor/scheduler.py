@@ -488,6 +488,7 @@ class SchedulerCore:
             transfers_failed=self.transfers_failed,
             transfer_retries=self.transfer_retries,
             transfers_in_flight=len(self._moving),
+            first_arrival=self.first_arrival or 0.0,
         )
         router = self.router
         for wid in sorted(self.workers):

@@ -21,7 +21,7 @@ from executor.launcher import (
     gpu_workers,
     resolve_transport,
 )
-from executor.live import page_leaks, run_live
+from executor.live import page_leaks, rebuild, run_live
 from sangam.config import RunConfig, with_arrival_times
 from sangam.hardware import lookup_model
 from sangam.layout import Role, parse_mode
@@ -101,29 +101,35 @@ def test_disaggregated_and_hybrid_runs_move_kv_and_balance_pages(
     print(f"live {mode}: 24 requests, {transfers} transfers, {overflows} overflows, {wall:.1f} s")
 
 
-def test_a_transfer_that_times_out_fails_its_request_and_the_run_goes_on() -> None:
-    """Worker 1 stalls every receive of request 1 past the 1 s transfer timeout: after three attempts the
-    request ends with ERROR, both ends have freed its pages, and every other request completes."""
+def test_a_transfer_that_times_out_fails_its_request_and_the_run_goes_on(tmp_path: Path) -> None:
+    """Worker 1 stalls every receive of request 0 past the 1 s transfer timeout: after three attempts the
+    request ends with ERROR, both ends have freed its pages, and every other request completes. The
+    results keep the iteration log's time origin although the first request failed."""
+    log = tmp_path / "iterations.csv"
     spec = ClusterSpec(
         cpu_workers(2), mode="1P1D", mask_len=64, pages=128, transfer_timeout=1.0,
-        worker_args=("--fault-stall-recv", "1"),
+        worker_args=("--fault-stall-recv", "0"), iteration_log=log,
     )  # fmt: skip
     before = child_pids(os.getpid())
     with LocalCluster(spec) as cluster:
         cluster.start(timeout=60)
         client = cluster.client
         assert client is not None
-        ids = [client.submit(list(range(1, 25)), 64, forwards=[3, 2]) for _ in range(5)]
+        ids = []
+        for _ in range(5):
+            ids.append(client.submit(list(range(1, 25)), 64, forwards=[3, 2]))
+            time.sleep(0.2)  # arrivals apart, so that a wrong origin shows
         results = {rid: client.wait(rid, timeout=60) for rid in ids}
         deadline = time.monotonic() + 10
         while page_leaks(status := client.status()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        finished = rebuild(client.results(), {}, [], status.first_arrival)
         pids = set(cluster.pids)
     assert wait_gone(pids, 5.0) == set()
     assert child_pids(os.getpid()) <= before
     cluster.remove_logs()
 
-    failed = results.pop(1)
+    failed = results.pop(0)
     assert failed.status == "ERROR" and "\n" not in failed.error
     assert failed.error.startswith("KV transfer of block 0 from worker 0 to worker 1 failed after 3 attempts")
     assert "not ready" in failed.error or "gave up" in failed.error
@@ -132,6 +138,11 @@ def test_a_transfer_that_times_out_fails_its_request_and_the_run_goes_on() -> No
     assert status.transfers_done == 2 * len(results)
     assert page_leaks(status) == ""
     assert [(w.free_pages, w.router_free) for w in status.workers] == [(128, 128), (128, 128)]
+    prefill_starts = {float(row["start"]) for row in csv.DictReader(log.open()) if int(row["n_prefills"])}
+    assert sorted(r.id for r in finished) == [1, 2, 3, 4]
+    for req in finished:  # each block's prefill began at an iteration start of the log, on one clock
+        for rec in req.blocks:
+            assert min(abs(rec.prefill_start - s) for s in prefill_starts) < 1e-6
 
 
 def test_transport_follows_the_placement() -> None:

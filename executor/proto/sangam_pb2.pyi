@@ -166,6 +166,7 @@ class StatusReply(_message.Message):
         "transfers_failed",
         "transfer_retries",
         "transfers_in_flight",
+        "first_arrival",
     )
     READY_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +188,7 @@ class StatusReply(_message.Message):
     TRANSFERS_FAILED_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_RETRIES_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ARRIVAL_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     workers_expected: int
     workers_registered: int
@@ -207,6 +209,7 @@ class StatusReply(_message.Message):
     transfers_failed: int
     transfer_retries: int
     transfers_in_flight: int
+    first_arrival: float
     def __init__(
         self,
         ready: _Optional[bool] = ...,
@@ -229,6 +232,7 @@ class StatusReply(_message.Message):
         transfers_failed: _Optional[int] = ...,
         transfer_retries: _Optional[int] = ...,
         transfers_in_flight: _Optional[int] = ...,
+        first_arrival: _Optional[float] = ...,
     ) -> None: ...
 
 class WorkerState(_message.Message):

@@ -284,9 +284,12 @@ def test_no_process_outlives_the_launcher(tmp_path: Path, case: str, workers: in
 def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
     tmp_path: Path, requests: int, needle: str
 ) -> None:
-    prompt = (4, 40) if requests > 100 else (1500, 2000)  # long prompts: none of the 6 is done in 1 s
-    trace = write_trace(tmp_path / "t.csv", requests, qps=20.0, prompt=prompt, output=(32, 64), seed=2)
-    argv = ["--workers", "1", "--mask-len", "64", "--trace", str(trace), "--num-requests", str(requests)]
+    # 400 short requests take 20 s to submit; 6 long ones (32 blocks of 32 forwards each) all are in 0.3 s
+    # and still running seconds later
+    output, mask = ((32, 64), "64") if requests > 100 else ((1000, 1024), "1024")
+    trace = write_trace(tmp_path / "t.csv", requests, qps=20.0, prompt=(4, 40), output=output, seed=2)
+    argv = ["--workers", "1", "--mask-len", mask, "--trace", str(trace), "--num-requests", str(requests)]
+    argv += [] if requests > 100 else ["--progress", "fixed:32"]
     launcher = subprocess.Popen(
         [sys.executable, "-m", "executor.live", *argv, "--log-dir", str(tmp_path / "logs")],
         stderr=subprocess.PIPE,
@@ -300,6 +303,7 @@ def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
         (scheduler,) = (
             p for p in children if b"executor.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
         )
+        assert launcher.poll() is None  # the run is still going
         os.kill(scheduler, signal.SIGSTOP)  # alive, answering nothing: each call runs into its deadline
         code = launcher.wait(timeout=60)
         err = launcher.stderr.read() if launcher.stderr else ""

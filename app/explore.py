@@ -16,6 +16,7 @@ from sangam.config import DATASETS, RunConfig
 from sangam.hardware import GPUS, MODELS
 from sangam.layout import parse_mode
 from sangam.progress import DEFAULT_PROGRESS
+from sangam.workload import MAX_ARRIVAL_CV
 
 DEFAULTS = RunConfig()
 UPLOAD = "upload"
@@ -102,6 +103,7 @@ def sidebar() -> dict[str, Any] | None:
             arrival_cv = st.number_input(
                 "Arrival CV (0: Poisson)",
                 min_value=0.0,
+                max_value=MAX_ARRIVAL_CV,
                 value=0.0,
                 step=0.5,
                 key="arrival_cv",

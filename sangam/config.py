@@ -13,7 +13,7 @@ from sangam.hardware import ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request
-from sangam.workload import MASK_LEN, TraceRow, sample_lengths, with_arrivals
+from sangam.workload import MASK_LEN, TraceRow, check_arrival_cv, sample_lengths, with_arrivals
 
 DATASETS = tuple(MASK_LEN)
 # The live control plane's delay on a dispatch, which the simulator charges: the median from a block's end
@@ -51,8 +51,7 @@ class RunConfig:
                 )
         if not self.qps > 0:
             raise ValueError(f"qps must be positive, got {self.qps}")
-        if self.arrival_cv is not None and not self.arrival_cv > 0:
-            raise ValueError(f"arrival CV must be positive, got {self.arrival_cv}")
+        check_arrival_cv(self.arrival_cv)
         if self.mask_len is not None and (self.mask_len <= 0 or self.mask_len % 32):
             raise ValueError(f"mask length must be a positive multiple of 32, got {self.mask_len}")
         if self.pages is not None and self.pages <= 0:

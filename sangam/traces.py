@@ -141,7 +141,13 @@ def _read_records(path: Path) -> list[_Record]:
 def _csv_records(path: Path, text: str) -> Iterator[_Record]:
     reader = csv.reader(text.splitlines())
     header: list[str] | None = None
-    for cells in reader:
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # e.g. a field over the csv module's size limit
+            raise TraceError(f"{path} line {reader.line_num}: bad CSV: {err}") from None
         line = reader.line_num
         if not any(c.strip() for c in cells):
             continue  # blank line
@@ -173,6 +179,8 @@ def _jsonl_records(path: Path, text: str) -> Iterator[_Record]:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
             raise TraceError(f"{path} line {line}: bad JSON: {err.msg} (column {err.colno})") from None
+        except (ValueError, RecursionError) as err:  # an integer of thousands of digits, deep nesting
+            raise TraceError(f"{path} line {line}: bad JSON: {err}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{path} line {line}: expected a JSON object, got {type(obj).__name__}")
         for name in obj:

@@ -116,6 +116,7 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--pages", "10"], "KV pages"),
         (["--link", "no-such-link"], "no link profile"),
         (["--link-latency-ms", "-1"], ">= 0"),
+        (["--arrival-cv", "1e200"], "arrival CV must be in (0, 100]"),  # the gamma shape 1/CV^2 would be 0
     ],
 )
 def test_bad_input_is_one_line_on_stderr(
@@ -150,6 +151,23 @@ def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["sim", "--trace", str(trace)]) == 2
     err = capsys.readouterr().err
     assert "bad.csv" in err and "line 3" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("big.csv", 'prompt_len,output_len\n"' + "1" * 200_000 + '",32\n', "line 2: bad CSV: field larger"),
+        ("big.jsonl", '{"prompt_len": ' + "1" * 5000 + ', "output_len": 32}\n', "line 1: bad JSON: Exceeds"),
+        ("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n", "line 1: bad JSON: maximum recursion"),
+    ],
+)
+def test_traces_the_parsers_choke_on_are_one_line(
+    tmp_path: Path, name: str, text: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_text(text)
+    assert main(["sim", "--trace", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
 
 
 def test_prompt_too_long_for_the_kv_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,7 +80,7 @@ def run_validate(args: argparse.Namespace) -> int:
     common = ["--mode", args.mode, "--model", args.model, "--gpu", args.gpu, "--seed", str(args.seed)]
     common += ["--num-requests", str(args.num_requests)]
     points = []
-    labels = [name for name, _ in SHARES] if len(loads) == len(SHARES) else [f"{q:g}" for q in loads]
+    labels = [name for name, _ in SHARES] if args.qps is None else [f"{q:g}" for q in loads]
     for label, qps in zip(labels, loads, strict=True):
         live_dir = (args.live_results or args.out) / f"live-qps{qps:g}"
         if args.live_results is None:
@@ -93,6 +93,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 "summary.json missing); give --qps with the rates it holds"
             )
         live = read_summary(live_dir)
+        check_same_run(live_dir, live.get("config", {}), dataclasses.replace(base, qps=qps))
         sim_dir = args.out / f"sim-qps{qps:g}"
         sim_args = ["sim", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(sim_dir)]
         sim_args += ["--pages", str(live.get("config", {}).get("pages") or profile.kv_pages)]
@@ -106,6 +107,20 @@ def run_validate(args: argparse.Namespace) -> int:
     path.write_text(json.dumps(points, indent=2, sort_keys=True) + "\n")
     print_report(points, path)
     return 0
+
+
+def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None:
+    """ValueError unless the live run's config is the one about to be simulated."""
+    wanted = {
+        "layout": cfg.layout.name, "model": cfg.model, "gpu": cfg.gpu, "num_requests": cfg.num_requests,
+        "seed": cfg.seed, "qps": cfg.qps,
+    }  # fmt: skip
+    for key, value in wanted.items():
+        if live.get(key) != value:
+            raise ValueError(
+                f"{live_dir}/summary.json: the live run has {key} {live.get(key)!r}, this validation "
+                f"{value!r}; give the arguments of that run"
+            )
 
 
 def read_summary(directory: Path) -> dict[str, Any]:

@@ -65,3 +65,27 @@ def test_a_rate_with_no_live_run_is_one_line(tmp_path: Path, capsys: pytest.Capt
     assert main([*args, "--live-results", str(live), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no live run at 0.9 QPS" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [(["--num-requests", "30"], "num_requests 300"), (["--model", "dream-7b"], "model 'llada-8b'")],
+)
+def test_live_runs_of_other_arguments_are_refused(
+    change: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = RESULTS / COLOCATED["validate-llada-8b-h200-colocated-recheck.json"]  # 300 requests at 1 QPS
+    args = [
+        "validate",
+        "--mode",
+        "colocated",
+        "--model",
+        "llada-8b",
+        "--gpu",
+        "h200",
+        "--num-requests",
+        "300",
+    ]
+    assert main([*args, *change, "--qps", "1", "--live-results", str(live), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"the live run has {needle}" in err and err.count("\n") == 1

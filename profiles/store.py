@@ -3,8 +3,9 @@
 `profiles/data/<gpu>/<model>.csv` holds measured iterations (`items`, `seconds`, ...);
 `<model>.meta.json` what they were measured on (GPU, versions, grid, KV pages of the live worker,
 the decode batch sizes replayed as CUDA graphs); `<model>.fit.json` the fitted coefficients and
-their held-out error, cached by the hash of the CSV. A GPU without data of its own takes a profile
-derived from one that has it, marked `derived` (H100 from H200: bandwidth-bound terms scaled).
+their held-out error, cached by the hash of the CSV and the graphed batch sizes. A GPU without data of
+its own takes a profile derived from one that has it, marked `derived` (H100 from H200: bandwidth-bound
+terms scaled).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from dataclasses import dataclass
+import math
+from contextlib import suppress
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
 
 DATA = Path(__file__).parent / "data"
+COEFFICIENT_NAMES = {f.name for f in fields(Coefficients)}
 DERIVED_FROM = {"h100": "h200"}  # GPU without measurements -> the GPU its profile is derived from
 
 
@@ -76,7 +80,8 @@ def read_samples(path: Path) -> list[tuple[Shape, float]]:
     (`live_seconds`: host work included, like a profile's)."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    if rows and "seconds" not in rows[0] and not {"items", "start", "end"} <= set(rows[0]):
+    columns = set(rows[0]) if rows else set()
+    if rows and not ({"items", "seconds"} <= columns or {"items", "start", "end"} <= columns):
         raise ValueError(
             f"{path}: neither a profile (items, seconds) nor a live iteration log (items, start, end)"
         )
@@ -86,8 +91,10 @@ def read_samples(path: Path) -> list[tuple[Shape, float]]:
             continue
         try:
             seconds = float(row["seconds"]) if "seconds" in row else live_seconds(row)
+            if not 0 < seconds < math.inf:
+                raise ValueError(f"an iteration must take a positive finite time, got {seconds}")
             samples.append((Shape.parse(row["items"]), seconds))
-        except ValueError as error:
+        except (ValueError, TypeError) as error:  # TypeError: a short row's missing field is None
             raise ValueError(f"{path}, line {line}: {error}") from None
     return samples
 
@@ -116,13 +123,20 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
 
     data, _, cache = paths(model, gpu, root)
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    buckets = list(meta.get("graph_buckets", ()))
     if cache.exists():
-        cached = json.loads(cache.read_text())
-        if cached.get("data_sha256") == digest:
-            return Coefficients(**cached["coefficients"]), cached
-    buckets = tuple(meta.get("graph_buckets", ()))
-    samples = [Sample(Features.of(shape, buckets), seconds) for shape, seconds in read_samples(data)]
-    report = {**fit(samples).as_dict(), "data_sha256": digest}
+        with suppress(ValueError):  # an unreadable cache is refitted
+            cached = json.loads(cache.read_text())
+            # the fit also depends on the graphed batch sizes and on the model's terms
+            key = (
+                cached.get("data_sha256"),
+                cached.get("graph_buckets"),
+                set(cached.get("coefficients", ())),
+            )
+            if key == (digest, buckets, COEFFICIENT_NAMES):
+                return Coefficients(**cached["coefficients"]), cached
+    samples = [Sample(Features.of(shape, tuple(buckets)), seconds) for shape, seconds in read_samples(data)]
+    report = {**fit(samples).as_dict(), "data_sha256": digest, "graph_buckets": buckets}
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return Coefficients(**report["coefficients"]), report
 
@@ -132,13 +146,37 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     data, meta, _ = paths(model, gpu, root)
     if not meta.exists():
         raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
-    merged = [(log, read_samples(log)) for log in logs]  # all read before anything is written
-    with data.open("a", newline="") as f:
-        for _, samples in merged:
-            csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
     record = json.loads(meta.read_text())
+    seen = {entry.get("sha256") for entry in record.get("merged_logs", ())}
+    seen.add(hashlib.sha256(data.read_bytes()).hexdigest())  # the data file itself
+    merged = []  # all checked and read before anything is written
+    for log in logs:
+        digest = hashlib.sha256(log.read_bytes()).hexdigest()
+        if digest in seen:
+            raise ValueError(f"{log}: already in the {model} profile's data on {gpu}")
+        seen.add(digest)
+        _check_log_run(log, model, gpu)
+        merged.append((log, digest, read_samples(log)))
+    text = data.read_bytes()
+    with data.open("a", newline="") as f:
+        if text and not text.endswith(b"\n"):
+            f.write("\r\n")  # a hand-edited file without its last line end
+        for _, _, samples in merged:
+            csv.writer(f).writerows((shape.format(), f"{seconds:.6e}") for shape, seconds in samples)
     record["merged_logs"] = record.get("merged_logs", []) + [
-        {"log": f"{log.parent.name}/{log.name}", "iterations": len(samples)} for log, samples in merged
+        {"log": f"{log.parent.name}/{log.name}", "iterations": len(samples), "sha256": digest}
+        for log, digest, samples in merged
     ]
     meta.write_text(json.dumps(record, indent=2) + "\n")
-    return sum(len(samples) for _, samples in merged)
+    return sum(len(samples) for _, _, samples in merged)
+
+
+def _check_log_run(log: Path, model: str, gpu: str) -> None:
+    """ValueError if the live run beside `log` (its summary.json) ran another model or GPU."""
+    summary = log.parent / "summary.json"
+    if not summary.is_file():
+        return
+    config = json.loads(summary.read_text()).get("config", {})
+    for key, value in (("model", model), ("gpu", gpu)):
+        if config.get(key, value) != value:
+            raise ValueError(f"{log}: its run was {key} {config[key]!r}, not {value!r}")

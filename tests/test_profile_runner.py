@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 
@@ -50,28 +51,43 @@ def test_every_timed_step_follows_the_filler(monkeypatch) -> None:
 def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
     data, meta, _ = paths("llada-8b", "h200", tmp_path)
     data.parent.mkdir(parents=True)
-    data.write_text("items,seconds\np:100:100,0.01\n")
+    data.write_text("items,seconds\np:100:100,0.01")  # hand-edited: no line end after the last row
     meta.write_text(json.dumps({"graph_buckets": [1, 2, 4]}))
-    log = tmp_path / "iterations.csv"
-    with log.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["worker", "start", "end", "gpu_s", "items", "cycle_s"])
-        writer.writerow([0, 1.0, 1.25, 0.2, "d:32:1819;d:32:900", 0.5])  # the loop went straight on
-        writer.writerow([0, 1.5, 1.75, 0.2, "p:100:100", 0.0])  # then waited for work
+    log, other = tmp_path / "qps1" / "iterations.csv", tmp_path / "qps2" / "iterations.csv"
+    for path, start in ((log, 1.0), (other, 2.0)):
+        path.parent.mkdir()
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["worker", "start", "end", "gpu_s", "items", "cycle_s"])
+            writer.writerow([0, start, start + 0.25, 0.2, "d:32:1819;d:32:900", 0.5])  # went straight on
+            writer.writerow([0, start + 0.5, start + 0.75, 0.2, "p:100:100", 0.0])  # then waited for work
     assert merge_log("llada-8b", "h200", [log], tmp_path) == 2
-    assert read_samples(data)[-2:] == [(Shape((), (1819, 900)), 0.5), (Shape((100,), ()), 0.25)]
+    assert read_samples(data) == [
+        (Shape((100,), ()), 0.01), (Shape((), (1819, 900)), 0.5), (Shape((100,), ()), 0.25)
+    ]  # fmt: skip
     record = json.loads(meta.read_text())
-    assert record["merged_logs"] == [{"log": f"{tmp_path.name}/iterations.csv", "iterations": 2}]
+    digest = hashlib.sha256(log.read_bytes()).hexdigest()
+    assert record["merged_logs"] == [{"log": "qps1/iterations.csv", "iterations": 2, "sha256": digest}]
     assert record["graph_buckets"] == [1, 2, 4]
-    # logs of the same name are each merged; a bad row names its line and writes nothing
-    assert merge_log("llada-8b", "h200", [log, log], tmp_path) == 4
-    assert len(json.loads(meta.read_text())["merged_logs"]) == 3
+    # a log of the same name from another run is merged; one already merged, or the data itself, is not
+    assert merge_log("llada-8b", "h200", [other], tmp_path) == 2
     before = data.read_text()
+    for again in ([log], [other], [data]):
+        with pytest.raises(ValueError, match="already in the llada-8b profile's data"):
+            merge_log("llada-8b", "h200", again, tmp_path)
+    # a log of another model's run is refused; a bad row names its line; neither writes anything
+    dream = tmp_path / "dream" / "iterations.csv"
+    dream.parent.mkdir()
+    dream.write_text(log.read_text().replace("1819", "1818"))
+    (dream.parent / "summary.json").write_text(json.dumps({"config": {"model": "dream-7b", "gpu": "h200"}}))
+    with pytest.raises(ValueError, match="its run was model 'dream-7b', not 'llada-8b'"):
+        merge_log("llada-8b", "h200", [dream], tmp_path)
     bad = tmp_path / "bad.csv"
     bad.write_text("worker,start,end,items,cycle_s\n0,1.0,1.5,d:32:100,slow\n")
     with pytest.raises(ValueError, match=r"bad\.csv, line 2"):
-        merge_log("llada-8b", "h200", [log, bad], tmp_path)
+        merge_log("llada-8b", "h200", [bad], tmp_path)
     assert data.read_text() == before
+    assert len(json.loads(meta.read_text())["merged_logs"]) == 2
 
 
 def test_compare_gives_signed_percent_errors() -> None:
@@ -88,3 +104,20 @@ def test_compare_gives_signed_percent_errors() -> None:
     assert "mean_decode_queue_ms" not in compare(
         live, sim | {"mean_transfer_ms": 40.0, "mean_decode_queue_ms": 0.0}
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("shape,seconds\np:100:100,0.01\n", "neither a profile"),
+        ("items,seconds\np:100:100\n", "line 2"),  # a short row
+        ("items,seconds\np:100:100,0\n", "line 2: an iteration must take a positive finite time"),
+        ("items,seconds\np:100:100,nan\n", "positive finite time"),
+        ("items,seconds\np:100:100,-0.5\n", "positive finite time"),
+    ],
+)
+def test_a_malformed_profile_names_its_problem(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "llada-8b.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        read_samples(path)

@@ -117,6 +117,23 @@ def test_store_fits_once_and_derives_h100(tmp_path: Path) -> None:
     assert load_profile("dream-7b", "h100", tmp_path) is None
 
 
+def test_the_fit_cache_is_stale_when_the_buckets_or_the_terms_change(tmp_path: Path) -> None:
+    write_profile(tmp_path, "llada-8b", "h200")
+    _, meta, cache = paths("llada-8b", "h200", tmp_path)
+    load_profile("llada-8b", "h200", tmp_path)
+    assert json.loads(cache.read_text())["graph_buckets"] == list(BUCKETS)
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "graph_buckets": [1, 2]}))
+    load_profile("llada-8b", "h200", tmp_path)
+    assert json.loads(cache.read_text())["graph_buckets"] == [1, 2]  # refitted with the new buckets
+    old = json.loads(cache.read_text())
+    del old["coefficients"]["per_mixed_decode"]  # a cache from before a term was added
+    cache.write_text(json.dumps(old))
+    assert load_profile("llada-8b", "h200", tmp_path) is not None
+    assert "per_mixed_decode" in json.loads(cache.read_text())["coefficients"]
+    cache.write_text("{not json")
+    assert load_profile("llada-8b", "h200", tmp_path) is not None
+
+
 @pytest.mark.parametrize("buckets", [BUCKETS, (1, 2, 4), ()])
 def test_cost_model_equals_the_fitted_formula(buckets: tuple[int, ...]) -> None:
     from factories import make_request

@@ -186,9 +186,9 @@ def knee_text(knee: float, top: float) -> str:
 def show(setup: Setup, results: list[PointResult]) -> None:
     st.markdown(describe(setup, results))
     if setup.trace and setup.trace.had_arrivals:
-        st.info(
-            "The uploaded file's arrival times are replaced by Poisson arrivals at each QPS of the sweep."
-        )
+        cv = setup.base.arrival_cv
+        arrivals = "Poisson arrivals" if cv is None else f"gamma arrivals (CV {cv:g})"
+        st.info(f"The uploaded file's arrival times are replaced by {arrivals} at each QPS of the sweep.")
     avg = analysis.averaged(analysis.points_frame(results))
     latency = analysis.latency_frame(avg)
     slo_col, log_col = st.columns([3, 1])

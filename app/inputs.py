@@ -99,10 +99,12 @@ def qps_points(low: float, high: float, points: int) -> tuple[float, ...]:
         raise InputError(f"the lowest QPS must be positive, got {low:g}")
     if low > high:
         raise InputError(f"the QPS range is empty: min {low:g} is above max {high:g}")
-    if points == 1 or low == high:
-        return (round(low, 4),)
-    step = (high - low) / (points - 1)
-    return tuple(round(low + i * step, 4) for i in range(points))
+    step = (high - low) / (points - 1) if points > 1 else 0.0
+    # rates are shown to 4 decimals: rounding may merge close points, or round the lowest to 0
+    rates = tuple(dict.fromkeys(round(low + i * step, 4) for i in range(points)))
+    if not rates[0] > 0:
+        raise InputError(f"the lowest QPS must be at least 0.0001, got {low:g}")
+    return rates
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

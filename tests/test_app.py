@@ -98,14 +98,15 @@ def test_a_malformed_uploaded_trace_names_the_file_and_line() -> None:
     assert "mine.csv line 3: output_len must be a positive integer" in at.error[0].value
 
 
-def test_an_uploaded_trace_is_swept_over_the_qps_range() -> None:
+@pytest.mark.parametrize(("cv", "arrivals"), [(0.0, "Poisson arrivals"), (3.0, "gamma arrivals (CV 3)")])
+def test_an_uploaded_trace_is_swept_over_the_qps_range(cv: float, arrivals: str) -> None:
     rows = "".join(f"{0.1 * i},{200 + i},{40 + i}\n" for i in range(30))
     at = explorer()
     at.file_uploader(key="upload").upload("timed.csv", f"arrival_time,prompt_len,output_len\n{rows}".encode())
-    submit(at, trace="upload", **SMALL)
+    submit(at, trace="upload", arrival_cv=cv, **SMALL)
     assert not at.exception and not at.error and charts(at) == 8
     assert "timed.csv (30 rows), 30 requests per point" in at.markdown[0].value
-    assert "arrival times are replaced" in at.info[0].value
+    assert f"arrival times are replaced by {arrivals} at each QPS" in at.info[0].value
 
 
 def live_page() -> AppTest:

@@ -55,6 +55,9 @@ def test_qps_points_are_evenly_spaced_and_bad_ranges_say_why() -> None:
         qps_points(1, 2, 0)
     with pytest.raises(InputError, match="lowest QPS must be positive"):
         qps_points(0, 2, 3)
+    assert qps_points(4.0, 4.0001, 3) == (4.0, 4.0001)  # 4.00005 rounds onto 4.0: one point, not two
+    with pytest.raises(InputError, match=r"lowest QPS must be at least 0\.0001"):
+        qps_points(0.00001, 1, 2)  # rounds to 0
 
 
 def test_layouts_are_checked_against_the_gpu_count() -> None:

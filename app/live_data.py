@@ -21,6 +21,7 @@ from sangam.batcher import Policy
 from sangam.config import RunConfig
 from sangam.results import METRICS
 from sangam.workload import TraceRow
+from sim.cluster import LinkSpec
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
 REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "e2el", "queue", "decode")
@@ -127,7 +128,13 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
 def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointSpec:
     """The simulation of the live run's config on its own requests."""
     progress = "" if run.blocks is not None else progress  # blocks.csv fixes every block's forwards
-    return PointSpec(live_config(run), progress, live_rows(run), run.digest, cost)
+    spec = PointSpec(live_config(run), progress, live_rows(run), run.digest, cost)
+    link, control_ms = run.summary.get("kv_link"), run.summary.get("control_ms")  # a sim run's own
+    if isinstance(link, dict):
+        spec = dataclasses.replace(spec, link=LinkSpec(float(link["gb_per_s"]), float(link["latency_s"])))
+    if isinstance(control_ms, int | float):
+        spec = dataclasses.replace(spec, control_s=control_ms / 1000)
+    return spec
 
 
 def comparison_frame(live: Mapping[str, Any], sim: Mapping[str, Any]) -> pd.DataFrame:

@@ -19,12 +19,13 @@ from typing import Any
 from app.series import WorkerSeries, record_table, worker_series
 from profiles.analytic import AnalyticCostModel
 from profiles.store import Profile, default_cost_model
-from sangam.config import RunConfig, synthetic_rows, with_arrival_times
+from sangam.config import CONTROL_MS, RunConfig, synthetic_rows, with_arrival_times
 from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.progress import parse_progress
 from sangam.results import REQUEST_COLUMNS, request_row
 from sangam.workload import TraceRow
+from sim.cluster import LinkSpec
 from sim.run import simulate
 
 WORKERS = 2  # processes per sweep: the cores of the machine the explorer was sized on
@@ -43,13 +44,17 @@ class PointSpec:
     rows: tuple[TraceRow, ...] | None = None  # None: the synthetic trace `cfg.trace`
     trace_digest: str = ""  # names `rows` in `key`
     cost: str = "profile"  # one of COSTS
+    link: LinkSpec = LinkSpec()  # the KV link of disaggregated and hybrid layouts
+    control_s: float = CONTROL_MS / 1000  # the control plane's delay on every dispatch
 
     @property
     def key(self) -> str:
         """Everything that decides the result, as text: the cache key."""
         config = self.cfg.resolved()
         del config["mode"]  # its "layout" names the workers whichever way the mode was spelt
-        return json.dumps([config, self.progress, self.trace_digest, self.cost], sort_keys=True, default=str)
+        link = [self.link.gb_per_s, self.link.latency_s]
+        parts = [config, self.progress, self.trace_digest, self.cost, link, self.control_s]
+        return json.dumps(parts, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +100,9 @@ def run_point(spec: PointSpec) -> PointResult:
     """Simulate one point in this process."""
     progress = parse_progress(spec.progress) if spec.progress else None
     cost, cost_name = cost_model(spec.cfg, spec.cost)
-    result = simulate(spec.cfg, point_rows(spec), cost, progress=progress)
+    result = simulate(
+        spec.cfg, point_rows(spec), cost, progress=progress, link=spec.link, control_s=spec.control_s
+    )
     result.summary["cost_model"] = cost_name
     rows = [request_row(r) for r in result.requests]
     series = worker_series(record_table(result.requests), spec.cfg.layout.num_workers)

@@ -7,6 +7,7 @@ import math
 import random
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,10 @@ from sangam.results import METRICS
 from sim.run import simulate
 
 
-def sim_results_dir(tmp_path: Path, mode: str = "3P5C", n: int = 40) -> Path:
+def sim_results_dir(tmp_path: Path, mode: str = "3P5C", n: int = 40, extra: Sequence[str] = ()) -> Path:
     """What `sangam sim --out` writes, which is what `sangam live --out` writes."""
     args = ["sim", "--mode", mode, "--qps", "8", "--num-requests", str(n), "--out", str(tmp_path)]
-    assert cli_main(args) == 0
+    assert cli_main([*args, *extra]) == 0
     return tmp_path
 
 
@@ -274,9 +275,14 @@ def test_seeds_are_averaged_and_cdfs_are_capped() -> None:
 # --- sim vs live ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("with_blocks", [True, False])
-def test_the_simulated_twin_of_a_run_reproduces_it(tmp_path: Path, with_blocks: bool) -> None:
-    folder = sim_results_dir(tmp_path)
+@pytest.mark.parametrize(
+    ("with_blocks", "extra"),
+    [(True, ()), (False, ()), (True, ("--link-gbps", "5", "--control-ms", "9"))],  # a run's own link
+)
+def test_the_simulated_twin_of_a_run_reproduces_it(
+    tmp_path: Path, with_blocks: bool, extra: tuple[str, ...]
+) -> None:
+    folder = sim_results_dir(tmp_path, extra=extra)
     if not with_blocks:  # then forwards come from the same seeded progress model
         (folder / "blocks.csv").unlink()
     run = load_directory(folder)

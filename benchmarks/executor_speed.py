@@ -372,7 +372,15 @@ def load_rows(path: str) -> list[Row]:
     try:
         with open(path) as handle:
             entries = json.load(handle)
-        return [Row(**{field.name: entry[field.name] for field in fields(Row)}) for entry in entries]
+        rows = [Row(**{field.name: entry[field.name] for field in fields(Row)}) for entry in entries]
+        if not rows:
+            raise ValueError("an empty list")
+        for row in rows:
+            Family(row.model)  # ValueError for a model the bounds know nothing of
+            for name in ("ms", "bound_ms", "flops", "bytes"):
+                if not (isinstance(getattr(row, name), int | float) and getattr(row, name) > 0):
+                    raise ValueError(f"{name} must be a positive number, got {getattr(row, name)!r}")
+        return rows
     except (OSError, ValueError, KeyError, TypeError) as error:
         sys.exit(f"executor_speed: {path} holds no benchmark rows ({type(error).__name__}: {error})")
 

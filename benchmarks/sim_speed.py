@@ -12,6 +12,7 @@ import argparse
 import time
 
 from profiles.store import default_cost_model
+from sangam.args import positive_float, positive_int
 from sangam.config import RunConfig, synthetic_rows
 from sangam.cost import CostModel
 from sangam.workload import TraceRow
@@ -22,8 +23,8 @@ MODES = ("colocated", "5P3D", "5P3C", "3P5C")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--qps", type=float, default=7.5)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--qps", type=positive_float, default=7.5)
     args = parser.parse_args()
     header = ("mode", "wall s", "cpu s", "iterations", "iter/cpu s", "mean e2e s", "p99 e2e s")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (10, 7, 6, 11, 11, 11, 10), strict=True)))

@@ -9,6 +9,7 @@ import argparse
 import random
 import statistics
 
+from sangam.args import positive_int
 from sangam.results import percentile
 from sangam.workload import sample_lengths
 
@@ -20,7 +21,7 @@ TABLE_1 = {  # (median, p99, std) of prompt and output tokens
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", type=int, default=20_000)
+    parser.add_argument("-n", type=positive_int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(f"{'trace':>9} {'lengths':>7} {'stat':>6} {'ours':>8} {'paper':>6} {'error':>7}")

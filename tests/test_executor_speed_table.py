@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -51,7 +52,21 @@ def test_table_prints_each_row_of_a_json_file(tmp_path, capsys) -> None:
     assert lines[1].split()[-2:] == ["NO", "1.38"]  # the shipped LLaDA B=8 figure: 1.74x bound, 1.38x serial
 
 
-@pytest.mark.parametrize("text", ["not json", '[{"model": "llada"}]', '{"rows": 1}'])
+def shipped_row(**change: object) -> str:
+    """The first shipped row, with some fields changed, as a one-row JSON file's text."""
+    rows = json.loads(
+        (Path(__file__).parent.parent / "benchmarks/results/executor_speed-h200.json").read_text()
+    )
+    return json.dumps([{**rows[0], **change}])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json", '[{"model": "llada"}]', '{"rows": 1}', "[]",
+        shipped_row(ms=None), shipped_row(ms=0), shipped_row(model="gpt"),
+    ],
+)  # fmt: skip
 def test_table_of_a_file_without_rows_exits_with_one_line(tmp_path, text: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(text)

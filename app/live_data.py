@@ -111,7 +111,12 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
     if run.blocks is not None:
         ordered = run.blocks.sort_values(["request_id", "block"])
         for rid, group in ordered.groupby("request_id"):
-            steps[int(rid)] = tuple(int(d) for d in group["forwards"])
+            forwards = [float(d) for d in group["forwards"]]
+            if not all(d.is_integer() and 1 <= d <= 32 for d in forwards):
+                raise InputError(
+                    f"blocks.csv: request {rid}: forwards must be whole numbers in [1, 32], got {forwards}"
+                )
+            steps[int(rid)] = tuple(int(d) for d in forwards)
     rows = []
     try:
         for req in run.requests.sort_values(["arrival", "request_id"]).itertuples():

@@ -327,6 +327,20 @@ def test_bad_live_files_say_what_is_wrong(
         load_files(files)
 
 
+@pytest.mark.parametrize("forwards", ["10.9", "0", "33"])
+def test_forwards_that_no_block_can_take_name_blocks_csv(tmp_path: Path, forwards: str) -> None:
+    folder = sim_results_dir(tmp_path, n=3)
+    files = {name: (folder / name).read_bytes() for name in ("summary.json", "requests.csv", "blocks.csv")}
+    blocks = pd.read_csv(folder / "blocks.csv")
+    blocks["forwards"] = blocks["forwards"].astype(object)
+    blocks.loc[0, "forwards"] = forwards
+    files["blocks.csv"] = blocks.to_csv(index=False).encode()
+    with pytest.raises(
+        InputError, match=r"^blocks\.csv: request \d+: forwards must be whole numbers in \[1, 32\]"
+    ):
+        live_rows(load_files(files))
+
+
 def test_a_live_config_with_unknown_values_is_refused(tmp_path: Path) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     summary = json.loads((folder / "summary.json").read_text())

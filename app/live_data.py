@@ -19,8 +19,9 @@ from app.inputs import InputError
 from app.sweep import PointSpec
 from sangam.batcher import Policy
 from sangam.config import RunConfig
+from sangam.hardware import BLOCK
 from sangam.results import METRICS
-from sangam.workload import TraceRow
+from sangam.workload import TraceRow, check_steps
 from sim.cluster import LinkSpec
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
@@ -111,12 +112,13 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
     if run.blocks is not None:
         ordered = run.blocks.sort_values(["request_id", "block"])
         for rid, group in ordered.groupby("request_id"):
-            forwards = [float(d) for d in group["forwards"]]
-            if not all(d.is_integer() and 1 <= d <= 32 for d in forwards):
-                raise InputError(
-                    f"blocks.csv: request {rid}: forwards must be whole numbers in [1, 32], got {forwards}"
-                )
-            steps[int(rid)] = tuple(int(d) for d in forwards)
+            # whole numbers become ints, anything else stays as read, so the trace's own rule refuses it
+            forwards = tuple(int(d) if float(d).is_integer() else float(d) for d in group["forwards"])
+            try:
+                check_steps(forwards, BLOCK * len(forwards))
+            except ValueError as err:
+                raise InputError(f"blocks.csv: request {rid}: {err}") from None
+            steps[int(rid)] = tuple(int(d) for d in forwards)  # all whole once checked
     rows = []
     try:
         for req in run.requests.sort_values(["arrival", "request_id"]).itertuples():

@@ -147,8 +147,9 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     if not meta.exists():
         raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
     record = json.loads(meta.read_text())
+    text = data.read_bytes()
     seen = {entry.get("sha256") for entry in record.get("merged_logs", ())}
-    seen.add(hashlib.sha256(data.read_bytes()).hexdigest())  # the data file itself
+    seen.add(hashlib.sha256(text).hexdigest())  # the data file itself
     merged = []  # all checked and read before anything is written
     for log in logs:
         digest = hashlib.sha256(log.read_bytes()).hexdigest()
@@ -157,7 +158,6 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
         seen.add(digest)
         _check_log_run(log, model, gpu)
         merged.append((log, digest, read_samples(log)))
-    text = data.read_bytes()
     with data.open("a", newline="") as f:
         if text and not text.endswith(b"\n"):
             f.write("\r\n")  # a hand-edited file without its last line end

@@ -111,12 +111,9 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None:
     """ValueError unless the live run's config is the one about to be simulated."""
-    wanted = {
-        "layout": cfg.layout.name, "model": cfg.model, "gpu": cfg.gpu, "num_requests": cfg.num_requests,
-        "seed": cfg.seed, "qps": cfg.qps,
-    }  # fmt: skip
-    for key, value in wanted.items():
-        if live.get(key) != value:
+    expected = cfg.resolved()  # as the live run's summary records it
+    for key in ("layout", "model", "gpu", "num_requests", "seed", "qps"):
+        if live.get(key) != (value := expected[key]):
             raise ValueError(
                 f"{live_dir}/summary.json: the live run has {key} {live.get(key)!r}, this validation "
                 f"{value!r}; give the arguments of that run"

@@ -139,16 +139,8 @@ def _read_records(path: Path) -> list[_Record]:
 
 
 def _csv_records(path: Path, text: str) -> Iterator[_Record]:
-    reader = csv.reader(text.splitlines())
     header: list[str] | None = None
-    while True:
-        try:
-            cells = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:  # e.g. a field over the csv module's size limit
-            raise TraceError(f"{path} line {reader.line_num}: bad CSV: {err}") from None
-        line = reader.line_num
+    for line, cells in _csv_lines(path, text):
         if not any(c.strip() for c in cells):
             continue  # blank line
         if header is None:
@@ -158,6 +150,17 @@ def _csv_records(path: Path, text: str) -> Iterator[_Record]:
         if len(cells) != len(header):
             raise TraceError(f"{path} line {line}: expected {len(header)} fields, got {len(cells)}")
         yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+
+
+def _csv_lines(path: Path, text: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) of each CSV row; what the csv module cannot parse (a field over its size
+    limit) is a TraceError."""
+    reader = csv.reader(text.splitlines())
+    try:
+        for cells in reader:
+            yield reader.line_num, cells
+    except csv.Error as err:
+        raise TraceError(f"{path} line {reader.line_num}: bad CSV: {err}") from None
 
 
 def _check_columns(path: Path, line: int, header: list[str]) -> None:

@@ -49,7 +49,7 @@ class TraceRow:
         return -(-self.output_len // BLOCK)
 
 
-def check_steps(steps: Sequence[int], output_len: int) -> None:
+def check_steps(steps: Sequence[object], output_len: int) -> None:
     """Raise ValueError unless `steps` holds one count in [1, BLOCK] per block of `output_len`."""
     blocks = -(-output_len // BLOCK)
     if len(steps) != blocks:

@@ -336,7 +336,7 @@ def test_forwards_that_no_block_can_take_name_blocks_csv(tmp_path: Path, forward
     blocks.loc[0, "forwards"] = forwards
     files["blocks.csv"] = blocks.to_csv(index=False).encode()
     with pytest.raises(
-        InputError, match=r"^blocks\.csv: request \d+: forwards must be whole numbers in \[1, 32\]"
+        InputError, match=r"^blocks\.csv: request \d+: steps must be integers in \[1, 32\], got"
     ):
         live_rows(load_files(files))
 

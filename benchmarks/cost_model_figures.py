@@ -1,4 +1,4 @@
-"""Print the analytic cost model's figures: one LLaDA-8B layer against DESIGN.md section 5, then whole
+"""Print the analytic cost model's figures: one LLaDA-8B layer against docs/design.md section 5, then whole
 iterations of both models on both GPUs.
 
 Run from the repository root: `python -m benchmarks.cost_model_figures`.
@@ -18,7 +18,7 @@ CONTEXT = 795 + 1024  # ShareGPT median prompt plus the mask buffer
 PREFILL_LENS = (1024, 2048, 4096)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
-# (label, prefill lengths, decode contexts, measured seconds): DESIGN.md section 5, one H200.
+# (label, prefill lengths, decode contexts, measured seconds): docs/design.md section 5, one H200.
 LAYER_MEASUREMENTS: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...] = (
     ("prefill 2048", (2048,), (), 1.38e-3),
     ("prefill 8192", (8192,), (), 7.3e-3),

@@ -4,7 +4,7 @@
 layout (`(pages, 2, PAGE, kv_heads, head_dim)`, K and V stacked on dim 1, exactly what `PagedKVCache` stores).
 It is planned once per microbatch from the `AttentionLayout` CSR arrays (host int32 tensors, so `plan` never
 waits on the GPU) and run once per layer. Attention is non-causal and pinned to the fa2 backend: another
-FlashInfer backend is known to be wrong for non-causal attention on this card (DESIGN.md section 5).
+FlashInfer backend is known to be wrong for non-causal attention on this card (docs/design.md section 5).
 
 FlashInfer is imported lazily, so CPU installs never need it; `make_backend` picks FlashInfer on CUDA (half
 precision) and `TorchAttention` everywhere else. A `cuda_graph_batch` instance keeps its CSR arrays in fixed
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-FA2 = "fa2"  # pinned: correct for causal=False on Hopper (DESIGN.md section 5)
+FA2 = "fa2"  # pinned: correct for causal=False on Hopper (docs/design.md section 5)
 REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals
 
 

@@ -21,7 +21,7 @@ from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK, GPUSpec, ModelSpec
 
 # Shares of GPUSpec.tflops (measured bf16 matmul peak) and GPUSpec.tb_per_s (measured copy bandwidth),
-# fitted by minimising the worst relative error over the five LLaDA-8B layer timings of DESIGN.md
+# fitted by minimising the worst relative error over the five LLaDA-8B layer timings of docs/design.md
 # section 5 (all within 3%). Each is named after the measurement that pins it.
 LINEAR_EFFICIENCY = 0.92  # ~727 TFLOP/s: the 2048- and 8192-token prefills (linear in S)
 WEIGHT_READ_EFFICIENCY = 0.93  # ~4.0 TB/s: the batch-1 decode, which mostly streams the layer's weights

@@ -24,7 +24,7 @@ CONTROL_MS = 2.8
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """Everything that decides a run; defaults are the paper's (DESIGN.md section 6)."""
+    """Everything that decides a run; defaults are the paper's (docs/design.md section 6)."""
 
     mode: str = "colocated"
     model: str = "llada-8b"

@@ -70,7 +70,7 @@ MODELS: dict[str, ModelSpec] = {
     "dream-7b": ModelSpec("dream-7b", 28, 3584, 28, 4, 128, 18944, 152064, qkv_bias=True),
 }
 
-# H200 peaks measured on the lent card (DESIGN.md section 5). H100 SXM shares the compute die,
+# H200 peaks measured on the lent card (docs/design.md section 5). H100 SXM shares the compute die,
 # so its matmul peak is taken as equal and its bandwidth scaled by 3.35 / 4.8.
 GPUS: dict[str, GPUSpec] = {
     "h200": GPUSpec("h200", 139.8, 790.0, 4.3),

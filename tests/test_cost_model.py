@@ -41,7 +41,7 @@ def test_is_a_cost_model() -> None:
     assert model.seconds(microbatch(decode_contexts=[1824])) > 0
 
 
-# DESIGN.md section 5: one LLaDA-8B layer on the H200, in seconds.
+# docs/design.md section 5: one LLaDA-8B layer on the H200, in seconds.
 @pytest.mark.parametrize(
     ("prefill_lens", "decode_contexts", "measured"),
     [

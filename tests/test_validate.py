@@ -1,5 +1,5 @@
 """`sangam validate --live-results` over the live runs shipped in benchmarks/results: the simulator, as it
-is now, still gives the errors of the shipped reports that the README quotes; and its bad input."""
+is now, still gives the errors of the shipped reports that docs/calibration.md quotes; and its bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sangam.cli import main
+from cli.main import main
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 # report -> the directory of its live runs
@@ -17,7 +17,7 @@ COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
 }
-SHARED_GPU = {  # simulated with the profiles of their day (README), so only the link's figures still hold
+SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",
     "validate-dream-7b-h200-1P1C-shared-gpu.json": "live-1p1c-dream-7b-h200",
 }

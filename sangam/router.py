@@ -7,6 +7,13 @@ afresh, because KV is freed at block end and only token ids persist.
 Load signals kept here: `outstanding[w]`, prefill tokens dispatched to worker w and not
 yet prefilled; `free[w]`, a central tally of w's free KV pages (pools whose memory the
 router manages: the prefill pool, and the decode-role pool that KV transfers land in).
+
+Under the fastdllm policy (a server of batch size 1) a request claims a free decode-role
+worker when its first block is routed and holds it until its last block ends: every block
+prefills there (colocated) or decodes there (after a prefill-pool prefill), no other
+request is placed there, and arrivals wait in FIFO order for a worker to come free. One
+colocated worker is then an M/G/1 FIFO queue. (Claiming up front, not at the first KV
+transfer, means a prefill worker's pages never wait on a decode worker that waits on them.)
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sangam.batcher import Outcome
+from sangam.batcher import Outcome, Policy
 from sangam.layout import Kind, Layout, Role
 from sangam.request import Request
 
@@ -45,7 +52,15 @@ Action = Dispatch | Transfer
 class Router:
     """Routing for one layout: colocated, static disaggregated or hybrid (Algorithm 2)."""
 
-    def __init__(self, layout: Layout, pages: int, rng: random.Random, theta: int = 8192) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        pages: int,
+        rng: random.Random,
+        theta: int = 8192,
+        *,
+        policy: Policy = Policy.DEFICIT,
+    ) -> None:
         if theta <= 0:
             raise ValueError(f"theta must be a positive number of tokens, got {theta}")
         self.layout = layout
@@ -59,6 +74,9 @@ class Router:
         self.decode_pool = [w for w, role in enumerate(roles) if role is not Role.PREFILL]
         self._pending: list[tuple[float, int, Request]] = []  # blocks waiting for a prefill worker
         self._decode_ready: list[tuple[float, int, Request, int]] = []  # prefilled, waiting for decode pages
+        self.exclusive = policy is Policy.FASTDLLM  # a decode-role worker serves one request at a time
+        self.holder: list[int | None] = [None] * len(roles)  # exclusive: the request id holding each worker
+        self._held: dict[int, int] = {}  # exclusive: request id -> the worker it holds
 
     @property
     def num_pending(self) -> int:
@@ -84,6 +102,8 @@ class Router:
                 self.free[worker] += req.pages
             if not req.finished:
                 heapq.heappush(self._pending, (req.arrival, req.id, req))
+            elif self.exclusive:
+                self._unhold(req.id)
         return self._drain(now)
 
     def on_transfer_done(self, now: float, req: Request, src: int) -> list[Action]:
@@ -112,6 +132,8 @@ class Router:
             actions.append(Transfer(req, src, dst))
         while self._pending:
             req = self._pending[0][2]
+            if self.exclusive and req.id not in self._held and not self._claim(req):
+                break
             target = self._prefill_target(req)
             if target is None:
                 break
@@ -133,7 +155,7 @@ class Router:
         """Where the block's prefill goes, and whether that is an overflow."""
         kind = self.layout.kind
         if kind is Kind.COLOCATED:
-            worker = self._least_loaded(self.decode_pool)
+            worker = self._least_loaded(self._open(req, self.decode_pool))
         else:
             limit = self.theta if kind is Kind.HYBRID else math.inf
             worker = self._least_loaded(self.prefill_pool, req.pages, limit)
@@ -148,13 +170,13 @@ class Router:
         backlog = sum(entry[2].pages for entry in self._decode_ready)
         if sum(self.free[w] for w in self.decode_pool) - backlog < req.pages:
             return None
-        return self._least_loaded(self.decode_pool, req.pages, self.theta)
+        return self._least_loaded(self._open(req, self.decode_pool), req.pages, self.theta)
 
     def _decode_target(self, req: Request) -> int | None:
         """The decode-role worker with the most free pages, if the KV fits there."""
         free = self.free
         most, ties = req.pages, []
-        for w in self.decode_pool:
+        for w in self._open(req, self.decode_pool):
             if free[w] > most:
                 most, ties = free[w], [w]
             elif free[w] == most:
@@ -174,6 +196,25 @@ class Router:
                 elif ties:  # (no ties yet: `least` is still the limit, which is excluded)
                     ties.append(w)
         return self._tie_break(ties) if ties else None
+
+    def _open(self, req: Request, workers: list[int]) -> list[int]:
+        """Of decode-role `workers`, those `req` may be placed on: all, or the one it holds if exclusive."""
+        return [self._held[req.id]] if self.exclusive else workers
+
+    def _claim(self, req: Request) -> bool:
+        """Exclusive: give `req` a decode-role worker nobody holds; False if there is none."""
+        free = [w for w in self.decode_pool if self.holder[w] is None]
+        if not free:
+            return False
+        worker = self._tie_break(free)
+        self.holder[worker] = req.id
+        self._held[req.id] = worker
+        return True
+
+    def _unhold(self, rid: int) -> None:
+        worker = self._held.pop(rid, None)
+        if worker is not None:
+            self.holder[worker] = None
 
     def _tie_break(self, workers: list[int]) -> int:
         return workers[0] if len(workers) == 1 else self.rng.choice(workers)

@@ -53,7 +53,7 @@ def simulate(
         link=link,
         control_s=control_s,
     )
-    router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta)
+    router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta, policy=cfg.policy)
     log: list[tuple[Any, ...]] | None = [] if log_iterations else None
     cluster = Cluster(cluster_config, cost, router, log)
     cluster.run(requests)

@@ -6,14 +6,16 @@ import random
 
 from factories import make_request
 
-from sangam.batcher import Outcome
+from sangam.batcher import Outcome, Policy
 from sangam.layout import parse_mode
 from sangam.request import Request
 from sangam.router import Dispatch, Router, Transfer
 
 
-def router(mode: str, pages: int = 1000, theta: int = 8192, seed: int = 0) -> Router:
-    return Router(parse_mode(mode), pages, random.Random(seed), theta)
+def router(
+    mode: str, pages: int = 1000, theta: int = 8192, seed: int = 0, policy: Policy = Policy.DEFICIT
+) -> Router:
+    return Router(parse_mode(mode), pages, random.Random(seed), theta, policy=policy)
 
 
 def prefilled(*reqs: Request, handoff: bool = False) -> Outcome:
@@ -155,3 +157,56 @@ def test_hybrid_pending_queue_is_head_of_line_by_original_arrival() -> None:
     big.step = 1
     actions = r.on_iteration(4.0, 0, Outcome((big,), (), ()))
     assert actions == []  # big's KV still holds the prefill worker's pages
+
+
+def test_fastdllm_holds_the_worker_from_first_prefill_to_last_block() -> None:
+    r = router("1C", policy=Policy.FASTDLLM)
+    a = make_request(1, 100, arrival=0.0, steps=(2, 2))
+    b = make_request(2, 100, arrival=0.5, steps=(2,))
+    assert r.on_arrival(0.0, a) == [Dispatch(a, 0)]
+    assert r.on_arrival(0.5, b) == [] and r.num_pending == 1  # the worker is a's
+    assert r.on_iteration(1.0, 0, prefilled(a)) == []
+    assert r.on_iteration(2.0, 0, block_ended(a, 2.0)) == [Dispatch(a, 0)]  # a's next block, not b
+    assert r.num_pending == 1 and r.holder == [a.id]
+    r.on_iteration(3.0, 0, prefilled(a))
+    assert r.on_iteration(4.0, 0, block_ended(a, 4.0)) == [Dispatch(b, 0)]  # a is done: b's turn
+    assert a.finished and r.holder == [b.id] and b.record.dispatch == 4.0
+
+
+def test_fastdllm_sends_every_block_back_to_its_worker_and_arrivals_wait_in_order() -> None:
+    r = router("2C", policy=Policy.FASTDLLM)
+    a, b = make_request(1, 100, arrival=0.0, steps=(1, 1)), make_request(2, 5000, arrival=0.1, steps=(1,))
+    c, d = make_request(3, 100, arrival=0.2, steps=(1,)), make_request(4, 100, arrival=0.3, steps=(1,))
+    (da,) = r.on_arrival(0.0, a)
+    (db,) = r.on_arrival(0.1, b)
+    assert {da.worker, db.worker} == {0, 1}
+    assert r.on_arrival(0.2, c) == [] and r.on_arrival(0.3, d) == []
+    r.on_iteration(1.0, da.worker, prefilled(a))
+    # a's second block goes back to its own worker, though the other one is as idle (b's prefill ran)
+    r.on_iteration(1.0, db.worker, prefilled(b))
+    assert r.on_iteration(1.5, da.worker, block_ended(a, 1.5)) == [Dispatch(a, da.worker)]
+    r.on_iteration(2.0, da.worker, prefilled(a))
+    assert r.on_iteration(2.5, da.worker, block_ended(a, 2.5)) == [Dispatch(c, da.worker)]  # c before d
+    assert r.on_iteration(3.0, db.worker, block_ended(b, 3.0)) == [Dispatch(d, db.worker)]
+
+
+def test_fastdllm_disaggregated_decodes_every_block_on_the_claimed_worker() -> None:
+    r = router("1P2D", pages=100, policy=Policy.FASTDLLM)
+    a = make_request(1, 16 * 10, arrival=0.0, steps=(3, 3))
+    b, c = (
+        make_request(2, 16 * 10, arrival=0.1, steps=(3,)),
+        make_request(3, 16 * 10, arrival=0.2, steps=(3,)),
+    )
+    assert r.on_arrival(0.0, a) == [Dispatch(a, 0)]
+    assert r.on_arrival(0.1, b) == [Dispatch(b, 0)]  # a second decode worker is free
+    assert r.on_arrival(0.2, c) == [] and r.num_pending == 1  # none is: c waits, prefill worker or not
+    held = r.holder.index(a.id)
+    (ta,) = r.on_iteration(1.0, 0, prefilled(a, handoff=True))
+    assert ta == Transfer(a, 0, held)
+    r.on_transfer_done(1.1, a, 0)
+    assert r.on_iteration(2.0, held, block_ended(a, 2.0)) == [Dispatch(a, 0)]
+    r.free[1 + 2 - held] += 50  # more free pages on b's worker do not draw a's KV away from its own
+    assert r.on_iteration(3.0, 0, prefilled(a, handoff=True)) == [Transfer(a, 0, held)]
+    r.on_transfer_done(3.1, a, 0)
+    assert r.on_iteration(4.0, held, block_ended(a, 4.0)) == [Dispatch(c, 0)]
+    assert r.holder[held] == c.id

@@ -27,13 +27,13 @@ for what in "$@"; do
             tests/executor/test_flashinfer_gpu.py || exit 1 ;;
         profile|profile:*)
             model=${what#profile}; model=${model#:}; model=${model:-llada-8b}
-            step "profile $model" 240 python3 -m sangam.cli profile --model "$model" --gpu h200 \
+            step "profile $model" 240 python3 -m cli.main profile --model "$model" --gpu h200 \
                 --out "$OUT/profile" ;;
         speed) step speed 240 python3 -m benchmarks.executor_speed --models llada --json "$OUT/speed-llada.json" ;;
         live:*)
             spec=${what#live:}; n=300; [[ $spec == *:* ]] && n=${spec#*:} && spec=${spec%%:*}
             qps=$(awk "BEGIN { print $spec + 0 }")  # 1.0 -> 1: the directory `sangam validate` reads
-            step "live $qps" 590 python3 -m sangam.cli live --mode colocated --model llada-8b --gpu h200 \
+            step "live $qps" 590 python3 -m cli.main live --mode colocated --model llada-8b --gpu h200 \
                 --gpus 1 --seed 0 --num-requests "$n" --qps "$qps" --out "$OUT/validate/live-qps$qps" \
                 --iteration-log "$OUT/validate/live-qps$qps/iterations.csv" ;;
         *) echo "unknown step $what"; exit 2 ;;

@@ -22,7 +22,7 @@ step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels
 step measure 90 python3 -m executor.kv_transfer measure --name h200-gloo-shared --device cuda:0 \
     --transport gloo --repeats 3 --limit 80 --out "$OUT" \
     --note "two worker processes sharing one H200: gloo over loopback TCP, staged through pinned host memory"
-step live 230 python3 -m sangam.cli live --mode 1P1C --gpus 0,0 --gpu h200 --model dream-7b \
+step live 230 python3 -m cli.main live --mode 1P1C --gpus 0,0 --gpu h200 --model dream-7b \
     --qps 1 --num-requests 30 --seed 0 --stall-timeout 60 --startup-timeout 150 \
     --out "$OUT/live-1p1c" --iteration-log "$OUT/live-1p1c/iterations.csv" --log-dir /tmp/live-logs \
     || tail -n 25 /tmp/live-logs/*

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from executor.live_models import TINY_PAGES
+from executor.live_options import KV_TRANSPORTS
 from executor.ports import free_port
 from sangam.batcher import Policy
 from sangam.layout import Kind, Layout, parse_mode
@@ -41,9 +42,6 @@ class LiveError(Exception):
 
 
 # ---- what to launch ----------------------------------------------------------------------------------
-
-
-KV_TRANSPORTS = ("gloo", "nccl")  # executor.kv_transfer.TRANSPORTS, without importing torch here
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,7 @@ The workload comes from the same generators and trace readers as `sangam sim`, s
 of one seed see the same lengths, arrival times and (with `--unmask schedule`) the same forwards per
 block. Results go through `sangam.results`, the one format both write, and the same table is printed.
 
-This module imports only the standard library and `sangam` at import time (the CLI builds its parser
-from `add_live_arguments` without loading torch or grpc); the client loads lazily.
+This module imports only the standard library and `sangam` at import time; the client loads lazily.
 
 Layouts: `--mode colocated` (or `<n>C`), and disaggregated `<n>P<m>D` and hybrid `<n>P<m>C`, whose
 workers 0..n-1 are the prefill pool (budget `--prefill-budget`) and the rest the decode role. Those move KV
@@ -19,7 +18,6 @@ per GPU (or per `--workers` on CPU); a failed run's error quotes the log directo
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from executor.launcher import (
-    KV_TRANSPORTS,
     ClusterSpec,
     LiveError,
     LocalCluster,
@@ -41,161 +38,21 @@ from executor.launcher import (
     sigterm_as_interrupt,
     visible_gpus,
 )
-from executor.live_models import LIVE_MODELS, TINY_PAGES, lookup_live_model
-from sangam.args import non_negative_float, port_number, positive_float, positive_int
-from sangam.batcher import Policy
-from sangam.config import RunConfig
+from executor.live_models import TINY_PAGES, lookup_live_model
+from executor.live_options import CPU_NUM_REQUESTS, SERVE_PORT, LiveOptions
+from sangam.config import RunConfig, RunFiles, build_requests, load_progress, workload_points
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Kind, parse_mode
+from sangam.outdir import point_dirs
+from sangam.progress import ProgressModel
 from sangam.request import Request
+from sangam.workload import TraceRow
 
 if TYPE_CHECKING:
     from executor.proto import sangam_pb2 as pb
 
-DEFAULTS = RunConfig()
-LIVE_NUM_REQUESTS = 100
-CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: about a minute
-SERVE_PORT = 50051
 MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
 SETTLE_S = 10.0  # after the last request: how long the run waits for KV sources to release their pages
-
-
-def _threshold(text: str) -> float:
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a threshold in (0, 1], got {text!r}")
-    return value
-
-
-def _gpu_list(text: str) -> list[int]:
-    """`N` (the first N visible GPUs) or a comma list of indices `0,2,3`; a repeated index (`0,0`) puts
-    several workers on one GPU."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a GPU count or a list like 0,1,3, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected a GPU count or a list like 0,1,3, got {text!r}")
-    if len(values) == 1 and "," not in text:
-        if values[0] == 0:
-            raise argparse.ArgumentTypeError("--gpus needs at least one GPU")
-        return list(range(values[0]))
-    return values
-
-
-def add_live_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `sangam live` (the CLI adds them to its `live` subcommand)."""
-    placement = parser.add_argument_group("processes")
-    placement.add_argument(
-        "--mode",
-        default="colocated",
-        help="colocated, <n>C, <n>P<m>D (disaggregated) or <n>P<m>C (hybrid); workers 0..n-1 prefill",
-    )
-    placement.add_argument(
-        "--gpus",
-        type=_gpu_list,
-        help="GPU count or indices, one worker each; 0,0 puts two on GPU 0 (default: every visible GPU)",
-    )
-    placement.add_argument("--workers", type=positive_int, help="run N CPU workers instead (tests, no GPU)")
-    placement.add_argument(
-        "--model",
-        choices=sorted(LIVE_MODELS),
-        help="served model (default: llada-8b on GPU, tiny-llada on CPU); ignored with --weights PATH",
-    )
-    placement.add_argument("--weights", default="random", help="'random' or a local HF checkpoint directory")
-    placement.add_argument(
-        "--gpu", default=DEFAULTS.gpu, help="h100 or h200: sizes the default KV pool, as in sangam sim"
-    )
-    placement.add_argument(
-        "--pages", type=positive_int, help=f"KV pages per worker (tiny default {TINY_PAGES})"
-    )
-    placement.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads per worker")
-    placement.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="replay decode-only iterations from CUDA graphs (GPU workers)",
-    )
-    placement.add_argument("--host", default="127.0.0.1", help="address the scheduler's client port binds")
-    placement.add_argument(
-        "--port", type=port_number, help=f"client port (default {SERVE_PORT} with --serve, else any)"
-    )
-    placement.add_argument("--serve", action="store_true", help="serve external clients until Ctrl-C")
-    placement.add_argument("--log-dir", type=Path, help="process logs (default: a temporary directory)")
-    placement.add_argument("--startup-timeout", type=positive_float, default=600.0, help="seconds")
-    placement.add_argument(
-        "--stall-timeout", type=positive_float, default=300.0, help="fail after this long without progress"
-    )
-
-    workload = parser.add_argument_group("workload (as in sangam sim)")
-    workload.add_argument(
-        "--trace", default=DEFAULTS.trace, help="sharegpt, arxiv, or a .csv/.jsonl trace file"
-    )
-    workload.add_argument("--qps", type=positive_float, default=DEFAULTS.qps)
-    workload.add_argument(
-        "--num-requests",
-        type=positive_int,
-        help=f"requests to replay (default {LIVE_NUM_REQUESTS}, {CPU_NUM_REQUESTS} on CPU)",
-    )
-    workload.add_argument(
-        "--arrival-cv", type=positive_float, help="gamma arrivals with this CV (default Poisson)"
-    )
-    workload.add_argument(
-        "--mask-len", type=positive_int, help="mask buffer (default 1024 ShareGPT, 512 arXiv)"
-    )
-    workload.add_argument(
-        "--progress", help="forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, empirical:FILE"
-    )
-    workload.add_argument("--seed", type=int, default=DEFAULTS.seed)
-
-    policy = parser.add_argument_group("scheduling")
-    policy.add_argument("--budget", type=positive_int, default=DEFAULTS.budget, help="tau of every worker")
-    policy.add_argument(
-        "--prefill-budget",
-        type=positive_int,
-        default=DEFAULTS.prefill_budget,
-        help="tau of prefill-role workers",
-    )
-    policy.add_argument(
-        "--theta", type=positive_int, default=DEFAULTS.theta, help="hybrid overflow threshold"
-    )
-    policy.add_argument("--policy", choices=[p.value for p in Policy], default=DEFAULTS.policy.value)
-    policy.add_argument("--max-decodes", type=positive_int, default=DEFAULTS.max_decodes)
-
-    kv = parser.add_argument_group("KV transfer (<n>P<m>D and <n>P<m>C)")
-    kv.add_argument(
-        "--kv-transport",
-        choices=["auto", *KV_TRANSPORTS],
-        default="auto",
-        help="auto: gloo on CPU and on a shared GPU (through pinned host memory), nccl between distinct GPUs",
-    )
-    kv.add_argument("--transfer-timeout", type=positive_float, default=30.0, help="seconds per attempt")
-    kv.add_argument(
-        "--transfer-attempts", type=positive_int, default=3, help="attempts per transfer before ERROR"
-    )
-    kv.add_argument(
-        "--dist-timeout",
-        type=positive_float,
-        default=120.0,
-        help="seconds for the KV rendezvous at start-up and for rebuilding a link",
-    )
-
-    sampling = parser.add_argument_group("unmasking")
-    sampling.add_argument(
-        "--unmask",
-        choices=["schedule", "threshold"],
-        help="schedule: each block takes the progress model's forwards (default with random weights); "
-        "threshold: confidence threshold (default with real weights)",
-    )
-    sampling.add_argument("--threshold", type=_threshold, default=0.9)
-    sampling.add_argument("--temperature", type=non_negative_float, default=0.0)
-
-    output = parser.add_argument_group("output")
-    output.add_argument("--out", type=Path, help="write requests.csv, blocks.csv and summary.json here")
-    output.add_argument(
-        "--iteration-log", type=Path, help="one CSV row per worker iteration, plus gpu_s and items"
-    )
 
 
 # ---- a run -------------------------------------------------------------------------------------------
@@ -241,8 +98,9 @@ def _checkpoint_spec(path: Path) -> str:
     return known[architecture]
 
 
-def plan_run(args: argparse.Namespace) -> LivePlan:
-    """Validate the options and resolve every default; ValueError for bad input."""
+def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True) -> LivePlan:
+    """The run of `base` (whose model, worker count and pages are resolved here) on the processes of
+    `args`; without `requests_given`, a CPU run replays fewer requests. ValueError for bad input."""
     if args.workers is not None and args.gpus is not None:
         raise ValueError("--workers (CPU workers) and --gpus exclude each other")
     if args.workers is not None:
@@ -253,12 +111,12 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         if indices and max(indices) >= count:
             raise ValueError(f"--gpus {','.join(map(str, indices))}: only {count} CUDA devices are visible")
         # no GPU: as many CPU workers as the mode names (one for plain colocated)
-        workers = gpu_workers(indices) if indices else cpu_workers(parse_mode(args.mode, 1).num_workers)
+        workers = gpu_workers(indices) if indices else cpu_workers(parse_mode(base.mode, 1).num_workers)
     on_cpu = workers[0].device == "cpu"
-    layout = parse_mode(args.mode, len(workers))
+    layout = parse_mode(base.mode, len(workers))
     if layout.num_workers != len(workers):
         raise ValueError(
-            f"mode {args.mode!r} names {layout.num_workers} workers but {len(workers)} are started"
+            f"mode {base.mode!r} names {layout.num_workers} workers but {len(workers)} are started"
         )
     random_weights = args.weights == "random"
     if random_weights:
@@ -270,31 +128,20 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         spec_name = _checkpoint_spec(Path(args.weights))
     if tiny and not on_cpu:
         raise ValueError(f"{model} is a CPU test model; use llada-8b or dream-7b on GPUs")
-    pages = args.pages or (TINY_PAGES if tiny else None)
+    pages = base.pages or (TINY_PAGES if tiny else None)
     per_gpu = max((sum(w.gpu == g for w in workers) for g in {w.gpu for w in workers}), default=1)
     if pages is None and not on_cpu and per_gpu > 1:  # the GPU's KV memory is split between its workers
-        pages = kv_pages(lookup_model(spec_name), lookup_gpu(args.gpu), per_gpu)
+        pages = kv_pages(lookup_model(spec_name), lookup_gpu(base.gpu), per_gpu)
     transport = resolve_transport(args.kv_transport, workers)
-    config = RunConfig(
-        mode=args.mode,
+    config = replace(
+        base,
         model=spec_name,
-        gpu=args.gpu,
         gpus=len(workers),
-        trace=args.trace,
-        qps=args.qps,
-        num_requests=args.num_requests or (CPU_NUM_REQUESTS if on_cpu else LIVE_NUM_REQUESTS),
-        arrival_cv=args.arrival_cv,
-        mask_len=args.mask_len,
-        budget=args.budget,
-        prefill_budget=args.prefill_budget,
-        theta=args.theta,
-        policy=Policy(args.policy),
-        max_decodes=args.max_decodes,
+        num_requests=base.num_requests if requests_given or not on_cpu else CPU_NUM_REQUESTS,
         pages=pages,
-        seed=args.seed,
     )
     if config.kv_pages <= 0:
-        raise ValueError(f"no KV pages left for {spec_name} on {args.gpu}; give --pages")
+        raise ValueError(f"no KV pages left for {spec_name} on {base.gpu}; give --pages")
     port = args.port if args.port is not None else (SERVE_PORT if args.serve else 0)
     cluster = ClusterSpec(
         workers=workers,
@@ -302,18 +149,18 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
         weights=args.weights,
         pages=config.kv_pages,
         mask_len=config.mask_tokens,
-        mode=args.mode,
-        policy=args.policy,
-        budget=args.budget,
-        prefill_budget=args.prefill_budget,
-        max_decodes=args.max_decodes,
-        theta=args.theta,
-        seed=args.seed,
+        mode=config.mode,
+        policy=config.policy.value,
+        budget=config.budget,
+        prefill_budget=config.prefill_budget,
+        max_decodes=config.max_decodes,
+        theta=config.theta,
+        seed=config.seed,
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         host=args.host,
         port=port,
-        iteration_log=args.iteration_log,
+        iteration_log=None,
         kv_transport=transport,
         transfer_timeout=args.transfer_timeout,
         transfer_attempts=args.transfer_attempts,
@@ -325,28 +172,8 @@ def plan_run(args: argparse.Namespace) -> LivePlan:
     )
 
 
-def workload(plan: LivePlan, args: argparse.Namespace) -> tuple[list[Request], list[int]]:
-    """The requests of the run (sim's generators) and each one's trace output length."""
-    from sangam.config import build_requests, synthetic_rows, with_arrival_times
-
-    cfg = plan.config
-    progress = None
-    if args.progress:
-        from sangam.progress import empirical, parse_progress
-
-        kind, _, path = args.progress.partition(":")
-        if kind == "empirical":
-            from sangam.traces import read_steps
-
-            progress = empirical(read_steps(Path(path)))
-        else:
-            progress = parse_progress(args.progress)
-    if cfg.is_synthetic:
-        rows = synthetic_rows(cfg)
-    else:
-        from sangam.traces import read_trace
-
-        rows = with_arrival_times(cfg, read_trace(Path(cfg.trace))[: cfg.num_requests])
+def workload(cfg: RunConfig, rows: Sequence[TraceRow], progress: ProgressModel | None) -> list[Request]:
+    """The requests of one point (the simulator's), each within the mask buffer."""
     requests = build_requests(cfg, rows, progress)
     blocks = cfg.mask_tokens // BLOCK
     for req in requests:
@@ -355,7 +182,7 @@ def workload(plan: LivePlan, args: argparse.Namespace) -> tuple[list[Request], l
                 f"request {req.id}: {req.output_len} output tokens need {req.n_blocks} blocks, the "
                 f"{cfg.mask_tokens}-token mask buffer holds {blocks}; raise --mask-len"
             )
-    return requests, [row.output_len for row in rows]
+    return requests
 
 
 def replay(
@@ -466,7 +293,7 @@ def rebuild(
 ) -> list[Request]:
     """Finished requests with the trace's ids and lengths, times relative to `origin`, the scheduler's
     first accepted arrival (`StatusReply.first_arrival`, the iteration log's origin too)."""
-    from executor.scheduler import request_from_record
+    from executor.codec import request_from_record
 
     requests = []
     for record in records:
@@ -479,22 +306,33 @@ def rebuild(
     return sorted(requests, key=lambda r: r.id)
 
 
-def run_live(args: argparse.Namespace) -> int:
-    """`sangam live`; bad options raise ValueError (exit 2), a failed run prints one line (exit 1)."""
-    plan = plan_run(args)
-    requests, output_lens = ([], []) if args.serve else workload(plan, args)
-    if requests:  # a trace file may hold fewer requests than --num-requests asks for
-        plan = replace(plan, config=replace(plan.config, num_requests=len(requests)))
+def run_live(plan: LivePlan, options: LiveOptions, files: RunFiles, rates: Sequence[float]) -> int:
+    """`sangam live` of a planned run: replay each rate's workload (or serve, with `options.serve`); bad
+    input raises ValueError (exit 2), a failed run prints one line (exit 1)."""
     try:
         with sigterm_as_interrupt():
-            return _serve(plan, args) if args.serve else _replay(plan, args, requests, output_lens)
+            if options.serve:
+                return _serve(plan, options, files)
+            progress = load_progress(files.progress)
+            points = workload_points(plan.config, rates)
+            dirs = point_dirs(files.out, [cfg.qps for cfg, _ in points]) if files.out else []
+            summaries: list[dict[str, Any]] = []
+            for i, (cfg, rows) in enumerate(points):
+                requests = workload(cfg, rows, progress)
+                log = files.iteration_log
+                if log is not None and len(points) > 1:
+                    log = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}")
+                point = replace(plan, config=cfg, cluster=replace(plan.cluster, iteration_log=log))
+                out = dirs[i] if dirs else None
+                _replay(point, options, requests, [r.output_len for r in rows], out, summaries)
+            return 0
     except LiveError as err:
         print(f"sangam: error: {err}", file=sys.stderr)
         return 1
 
 
 @contextmanager
-def _running(plan: LivePlan, args: argparse.Namespace) -> Iterator[tuple[LocalCluster, pb.StatusReply]]:
+def _running(plan: LivePlan, args: LiveOptions) -> Iterator[tuple[LocalCluster, pb.StatusReply]]:
     """A started cluster, stopped on the way out; its logs are kept only if something failed. A call to
     the scheduler that fails (a live but unresponsive scheduler) ends the run as a LiveError."""
     from executor.client import SangamError
@@ -517,7 +355,16 @@ def _running(plan: LivePlan, args: argparse.Namespace) -> Iterator[tuple[LocalCl
             cluster.remove_logs()
 
 
-def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], output_lens: list[int]) -> int:
+def _replay(
+    plan: LivePlan,
+    args: LiveOptions,
+    requests: list[Request],
+    output_lens: list[int],
+    out: Path | None,
+    summaries: list[dict[str, Any]],
+) -> None:
+    """Replay one point; its summary joins `summaries`, whose table is printed, and its results go to
+    `out`, before a failed request or a page leak is raised."""
     from sangam.report import print_sim_table
     from sangam.results import request_row, summarize, write_results
 
@@ -525,9 +372,9 @@ def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], o
     with _running(plan, args) as (cluster, status):
         assert cluster.client is not None
         print(
-            f"sangam live: {len(plan.devices)} workers ({plan.model} on "
+            f"sangam live: {plural(len(plan.devices), 'worker')} ({plan.model} on "
             f"{', '.join(sorted(set(plan.devices)))}) ready in {time.monotonic() - started:.1f} s; "
-            f"replaying {len(requests)} requests",
+            f"replaying {plural(len(requests), 'request')} at {plan.config.qps:g} QPS",
             file=sys.stderr,
         )
         ids = replay(cluster, plan, requests, status.vocab, status.mask_id)
@@ -557,18 +404,18 @@ def _replay(plan: LivePlan, args: argparse.Namespace, requests: list[Request], o
             kv_transfers_failed=final.transfers_failed,
             kv_transfer_retries=final.transfer_retries,
         )
-    if args.out:
-        write_results(args.out, finished, summary)
-    print_sim_table([summary], title="sangam live")
+    if out is not None:
+        write_results(out, finished, summary)
+    summaries.append(summary)
+    print_sim_table(summaries, title="sangam live")
     if failed:
         raise LiveError(f"{len(failed)} of {len(requests)} requests failed: {failed[0].error}")
     unbalanced = page_leaks(final)
     if unbalanced:
         raise LiveError(f"KV pages not returned at the end: {unbalanced}")
-    return 0
 
 
-def _serve(plan: LivePlan, args: argparse.Namespace) -> int:
+def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
     from sangam.results import request_row, summarize, write_results
 
     with _running(plan, args) as (cluster, status):
@@ -586,29 +433,14 @@ def _serve(plan: LivePlan, args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
         client = cluster.client
-        finished = rebuild(client.results(), {}, [], client.status().first_arrival) if args.out else []
-    if finished:
+        finished = rebuild(client.results(), {}, [], client.status().first_arrival) if files.out else []
+    if finished and files.out:
         summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
         summary["config"] = plan.resolved()
-        write_results(args.out, finished, summary)
+        write_results(files.out, finished, summary)
     print("sangam live: stopped", file=sys.stderr)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m executor.live ...`: the same as `sangam live ...`."""
-    parser = argparse.ArgumentParser(prog="python -m executor.live", description="Run Sangam live.")
-    add_live_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_live(args)
-    except (ValueError, OSError) as err:
-        print(f"sangam: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("sangam: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

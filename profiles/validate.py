@@ -10,19 +10,22 @@ time; `--link` gives the simulator a measured link profile.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from profiles.store import Profile, load_profile
-from sangam.config import RunConfig, synthetic_rows
+from profiles.store import Profile, default_cost_model, load_profile
+from sangam.config import RunConfig, RunFiles, synthetic_rows
+from sangam.options import option
 from sim.cluster import LinkSpec
-from sim.links import load_link
+from sim.options import SimOptions
+from sim.points import run_points
 from sim.run import simulate
 
 COMPARED = (
@@ -65,48 +68,72 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
     return {key: 100 * (sim[key] - live[key]) / live[key] for key in COMPARED if live.get(key, 0) >= 10.0}
 
 
-def run_validate(args: argparse.Namespace) -> int:
-    from sangam.cli import main as sangam
+@dataclass(frozen=True, slots=True)
+class ValidateOptions:
+    """Where `sangam validate` runs, reads and reports."""
 
-    profile = load_profile(args.model, args.gpu)
-    if profile is None or profile.kv_pages is None:
-        raise ValueError(f"no measured profile of {args.model} on {args.gpu}: run sangam profile first")
-    base = RunConfig(
-        mode=args.mode, model=args.model, gpu=args.gpu, gpus=args.gpus, num_requests=args.num_requests,
-        seed=args.seed, pages=profile.kv_pages,
+    out: Path = option(Path("results/validate"), "run directories (live-qpsQ/, sim-qpsQ/)", parse=Path,
+                       metavar="DIR")  # fmt: skip
+    live_results: Path | None = option(
+        None, "compare with the live runs already in this directory (live-qpsQ/) instead of running them",
+        parse=Path, metavar="DIR",
     )  # fmt: skip
-    link = load_link(args.link) if args.link else LinkSpec()
-    loads = args.qps or [round(share * knee(base, profile, link), 2) for _, share in SHARES]
-    common = ["--mode", args.mode, "--model", args.model, "--gpu", args.gpu, "--seed", str(args.seed)]
-    common += ["--num-requests", str(args.num_requests)]
+    report: Path | None = option(
+        None, "report JSON", parse=Path, metavar="FILE",
+        default_text="benchmarks/results/validate-MODEL-GPU-MODE.json",
+    )  # fmt: skip
+    link: str | None = option(None, "the simulator's KV link profile (disaggregated and hybrid modes)")
+
+
+def run_validate(base: RunConfig, rates: Sequence[float] | None, options: ValidateOptions) -> int:
+    """Run `base` live (unless `options.live_results` holds the runs) and simulated at each rate (default:
+    30/60/90% of the simulated knee); print and write the errors."""
+    profile = load_profile(base.model, base.gpu)
+    if profile is None or profile.kv_pages is None:
+        raise ValueError(f"no measured profile of {base.model} on {base.gpu}: run sangam profile first")
+    base = dataclasses.replace(base, pages=profile.kv_pages)
+    sim_options = SimOptions(link=options.link)
+    link = sim_options.link_spec()
+    loads = list(rates) if rates else [round(share * knee(base, profile, link), 2) for _, share in SHARES]
+    cost, cost_name, _ = default_cost_model(base.model, base.gpu)
     points = []
-    labels = [name for name, _ in SHARES] if args.qps is None else [f"{q:g}" for q in loads]
+    labels = [name for name, _ in SHARES] if not rates else [f"{q:g}" for q in loads]
     for label, qps in zip(labels, loads, strict=True):
-        live_dir = (args.live_results or args.out) / f"live-qps{qps:g}"
-        if args.live_results is None:
-            live_args = ["live", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(live_dir)]
-            if sangam([*live_args, "--iteration-log", str(live_dir / "iterations.csv")]) != 0:
-                raise RuntimeError(f"the live run at {qps:g} QPS failed")
-        if args.live_results is not None and not (live_dir / "summary.json").is_file():
+        cfg = dataclasses.replace(base, qps=qps)
+        live_dir = (options.live_results or options.out) / f"live-qps{qps:g}"
+        if options.live_results is None:
+            run_live_point(cfg, live_dir)
+        elif not (live_dir / "summary.json").is_file():
             raise ValueError(
-                f"--live-results {args.live_results}: no live run at {qps:g} QPS there ({live_dir.name}/"
+                f"--live-results {options.live_results}: no live run at {qps:g} QPS there ({live_dir.name}/"
                 "summary.json missing); give --qps with the rates it holds"
             )
         live = read_summary(live_dir)
-        check_same_run(live_dir, live.get("config", {}), dataclasses.replace(base, qps=qps))
-        sim_dir = args.out / f"sim-qps{qps:g}"
-        sim_args = ["sim", *common, "--gpus", str(args.gpus), "--qps", str(qps), "--out", str(sim_dir)]
-        sim_args += ["--pages", str(live.get("config", {}).get("pages") or profile.kv_pages)]
-        sim_args += ["--link", args.link] if args.link else []
-        if sangam(sim_args) != 0:
-            raise RuntimeError(f"the simulation at {qps:g} QPS failed")
-        sim = read_summary(sim_dir)
+        check_same_run(live_dir, live.get("config", {}), cfg)
+        sim_cfg = dataclasses.replace(cfg, pages=live.get("config", {}).get("pages") or profile.kv_pages)
+        sim_dir = options.out / f"sim-qps{qps:g}"
+        (result,) = run_points(
+            [(sim_cfg, synthetic_rows(sim_cfg))], cost, cost_name, sim_options, RunFiles(out=sim_dir)
+        )
+        sim = result.summary
         points.append({"load": label, "qps": qps, "live": live, "sim": sim, "error_pct": compare(live, sim)})
-    path = args.report or Path("benchmarks/results") / f"validate-{args.model}-{args.gpu}-{args.mode}.json"
+    path = options.report or Path("benchmarks/results") / f"validate-{base.model}-{base.gpu}-{base.mode}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(points, indent=2, sort_keys=True) + "\n")
     print_report(points, path)
     return 0
+
+
+def run_live_point(cfg: RunConfig, out: Path) -> None:
+    """`sangam live` of `cfg` on its first `cfg.gpus` GPUs, results and iteration log in `out`."""
+    from executor.live import plan_run, run_live
+    from executor.live_options import LiveOptions
+
+    options = LiveOptions(gpus=tuple(range(cfg.gpus)), model=cfg.model)
+    plan = plan_run(dataclasses.replace(cfg, pages=None), options)
+    files = RunFiles(out=out, iteration_log=out / "iterations.csv")
+    if run_live(plan, options, files, [cfg.qps]) != 0:
+        raise RuntimeError(f"the live run at {cfg.qps:g} QPS failed")
 
 
 def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None:

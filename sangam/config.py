@@ -6,11 +6,14 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from sangam.args import positive_float, positive_int
 from sangam.batcher import BatchConfig, Policy
-from sangam.hardware import ModelSpec, kv_pages, lookup_gpu, lookup_model
+from sangam.hardware import GPUS, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
+from sangam.options import option
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request
 from sangam.workload import MASK_LEN, TraceRow, check_arrival_cv, sample_lengths, with_arrivals
@@ -22,26 +25,55 @@ DATASETS = tuple(MASK_LEN)
 CONTROL_MS = 2.8
 
 
+def qps_list(text: str) -> list[float]:
+    """`6,6.5,7`: one or more arrival rates."""
+    return [positive_float(part) for part in text.split(",") if part]
+
+
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """Everything that decides a run; defaults are the paper's (docs/design.md section 6)."""
+    """Everything that decides a run; defaults are the paper's (docs/design.md section 6). Each field is
+    also the command-line option of `sangam sim` and `sangam live` (`sangam.options`)."""
 
-    mode: str = "colocated"
-    model: str = "llada-8b"
-    gpu: str = "h100"
-    gpus: int = 8  # workers for plain `colocated`
-    trace: str = "sharegpt"  # a synthetic dataset name or a trace file
-    qps: float = 7.5
-    num_requests: int = 4000
-    arrival_cv: float | None = None  # None: Poisson; else gamma gaps with this CV
-    mask_len: int | None = None  # None: the dataset's (1024 ShareGPT, 512 arXiv)
-    budget: int = 1024  # tau of colocated and decode-role workers
-    prefill_budget: int = 2048  # tau of prefill-role workers
-    theta: int = 8192  # hybrid overflow threshold, outstanding prefill tokens
-    policy: Policy = Policy.DEFICIT
-    max_decodes: int = 64
-    pages: int | None = None  # KV pages per worker; None: from GPU memory minus weights
-    seed: int = 0
+    mode: str = option(
+        "colocated", "layout: colocated (every --gpus worker), <n>C, <n>P<m>D (disaggregated) or <n>P<m>C "
+        "(hybrid); workers 0..n-1 are the prefill pool"
+    )  # fmt: skip
+    model: str = option("llada-8b", "modelled model", choices=MODELS)
+    gpu: str = option("h100", "GPU whose iteration times and memory are modelled", choices=GPUS)
+    gpus: int = option(8, "workers of plain 'colocated'", parse=positive_int)
+    trace: str = option("sharegpt", "sharegpt, arxiv (synthetic, the paper's Table 1) or a .csv/.jsonl file")
+    qps: float = option(
+        7.5, "arrival rate, requests/s; several points: --qps 6 6.5 7 or 6,6.5,7", parse=qps_list,
+        aliases=("--request-rate",), many=True,
+    )  # fmt: skip
+    num_requests: int = option(
+        4000, "requests per point (the first N rows of a trace file)", parse=positive_int,
+        aliases=("--num-prompts", "-n"),
+    )  # fmt: skip
+    arrival_cv: float | None = option(
+        None, "gamma inter-arrival gaps with this coefficient of variation", parse=positive_float,
+        default_text="Poisson",
+    )  # fmt: skip
+    mask_len: int | None = option(
+        None, "mask buffer in tokens, a multiple of 32", parse=positive_int,
+        default_text="1024 for ShareGPT and trace files, 512 for arXiv",
+    )  # fmt: skip
+    budget: int = option(1024, "tau: token budget per iteration of colocated and decode-role workers",
+                         parse=positive_int)  # fmt: skip
+    prefill_budget: int = option(2048, "tau of prefill-role workers", parse=positive_int)
+    theta: int = option(8192, "hybrid overflow threshold, outstanding prefill tokens", parse=positive_int)
+    policy: Policy = option(
+        Policy.DEFICIT, "deficit (Algorithm 1), prefill-first (tau = infinity) or fastdllm (one request at a "
+        "time per worker)"
+    )  # fmt: skip
+    max_decodes: int = option(64, "decodes seated per iteration at most", parse=positive_int)
+    pages: int | None = option(
+        None, "KV pages (16 tokens each) per worker", parse=positive_int,
+        default_text="the measured profile's, else 90% of GPU memory minus weights minus 8 GiB",
+    )  # fmt: skip
+    seed: int = option(0, "seeds every random stream: lengths, arrivals, forwards per block, tie-breaks",
+                       parse=int)  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("gpus", "num_requests", "budget", "prefill_budget", "theta", "max_decodes"):
@@ -135,3 +167,63 @@ def build_requests(
             )
         requests.append(req)
     return requests
+
+
+@dataclass(frozen=True, slots=True)
+class RunFiles:
+    """What a run reads besides its config, and writes."""
+
+    progress: str | None = option(
+        None, "forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD or empirical:FILE",
+        default_text="fitted per model and trace",
+    )  # fmt: skip
+    out: Path | None = option(
+        None, "write requests.csv, blocks.csv and summary.json here (DIR/qps-Q/ per point when several)",
+        parse=Path, aliases=("--result-dir",), metavar="DIR",
+    )  # fmt: skip
+    iteration_log: Path | None = option(
+        None, "write one CSV row per worker iteration (FILE-qpsQ.csv per point when several)", parse=Path,
+        metavar="FILE",
+    )  # fmt: skip
+
+
+def load_progress(spec: str | None) -> ProgressModel | None:
+    """The `--progress` model (None: the default per model and trace)."""
+    if not spec:
+        return None
+    from sangam.progress import empirical, parse_progress
+    from sangam.traces import read_steps
+
+    kind, _, path = spec.partition(":")
+    return empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(spec)
+
+
+def workload_points(base: RunConfig, rates: Sequence[float]) -> list[tuple[RunConfig, list[TraceRow]]]:
+    """Each rate's config and requests. A trace file's own arrival times replace the rates: its config then
+    records the trace's rate, and several rates or an arrival CV are refused (they would be ignored). The
+    config counts the requests the trace held when it is shorter than `num_requests`."""
+    if base.is_synthetic:
+        configs = [dataclasses.replace(base, qps=q) for q in rates]
+        return [(cfg, synthetic_rows(cfg)) for cfg in configs]
+    from sangam.traces import read_trace
+
+    rows = read_trace(Path(base.trace))[: base.num_requests]
+    base = dataclasses.replace(base, num_requests=len(rows))
+    if rows[0].arrival_time is None:
+        configs = [dataclasses.replace(base, qps=q) for q in rates]
+        return [(cfg, with_arrival_times(cfg, rows)) for cfg in configs]
+    if len(rates) > 1:
+        raise ValueError(
+            f"{base.trace}: every row has an arrival_time, so each --qps point would replay the same "
+            "arrivals; give one rate"
+        )
+    if base.arrival_cv is not None:
+        raise ValueError(f"{base.trace}: every row has an arrival_time, so --arrival-cv would be ignored")
+    return [(dataclasses.replace(base, qps=trace_rate(rows, base.qps)), rows)]
+
+
+def trace_rate(rows: Sequence[TraceRow], fallback: float) -> float:
+    """The mean arrival rate of timed rows, requests/s (`fallback` when their times span no time)."""
+    times = [r.arrival_time for r in rows if r.arrival_time is not None]
+    span = max(times) - min(times)
+    return float(f"{(len(times) - 1) / span:.4g}") if len(times) > 1 and span > 0 else fallback

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from executor.live import add_live_arguments
+from cli.live import add_live_arguments
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def live_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def replay(argv: Sequence[str]) -> float:
     """`sangam live` with `argv` to a successful end; its wall seconds. Fails if a process outlived it."""
-    from executor.live import run_live
+    from cli.live import run as run_live
 
     before = child_pids(os.getpid())
     started = time.monotonic()

@@ -16,8 +16,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import app.sweep
 from app import analysis
-from app.inputs import InputError, build_setup, parse_layouts, parse_seeds, qps_points, read_uploaded_trace
+from app.inputs import (
+    InputError,
+    build_setup,
+    default_mask_len,
+    mask_for_trace,
+    parse_layouts,
+    parse_seeds,
+    qps_points,
+    read_uploaded_trace,
+)
 from app.launch import add_app_arguments, run_app, streamlit_command
 from app.live_data import comparison_frame, live_rows, load_directory, load_files, twin_spec
 from app.series import Intervals, binned_max, block_intervals, record_table, rows_table, worker_series
@@ -27,11 +37,12 @@ from app.sweep import (
     cost_model,
     point_rows,
     point_specs,
+    profile_label,
     profile_pages,
     run_point,
     run_sweep,
 )
-from sangam.cli import main as cli_main
+from cli.main import main as cli_main
 from sangam.config import RunConfig
 from sangam.results import METRICS
 from sim.run import simulate
@@ -94,6 +105,28 @@ def test_seeds_and_a_whole_setup() -> None:
     )  # fmt: skip
     assert (cfg.arrival_cv, cfg.policy.value, cfg.pages) == (2.0, "prefill-first", None)
     assert specs[0].progress == "fixed:8" and specs[0].cost == "analytic"
+
+
+def test_the_mask_field_follows_the_trace_until_the_user_sets_it() -> None:
+    assert [default_mask_len(t) for t in ("sharegpt", "arxiv", "upload")] == [1024, 512, 1024]
+    for trace in ("sharegpt", "arxiv"):  # what the field shows is what a run without it uses
+        run = run_point(PointSpec(RunConfig(trace=trace, num_requests=5), cost="analytic"))
+        assert default_mask_len(trace) == run.summary["config"]["mask_len"]
+    assert mask_for_trace(None, "sharegpt", "sharegpt") == 1024  # a new field
+    assert mask_for_trace(1024, "sharegpt", "arxiv") == 512
+    assert mask_for_trace(512, "arxiv", "upload") == 1024
+    assert mask_for_trace(2048, "sharegpt", "arxiv") == 2048  # the user's own value stays
+    assert mask_for_trace(512, "sharegpt", "arxiv") == 512
+
+
+def test_each_gpu_profile_is_labelled_by_its_provenance(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert profile_label("llada-8b", "h200") == "h200 profile, measured"
+    assert profile_label("llada-8b", "h100") == "h100 profile, derived from h200"
+    for model in ("llada-8b", "dream-7b"):  # the label says what a run's summary records
+        for gpu in ("h100", "h200"):
+            assert profile_label(model, gpu).endswith(cost_model(RunConfig(model=model, gpu=gpu))[1])
+    monkeypatch.setattr(app.sweep, "_priced", lambda model, gpu, cost: (None, "analytic", None))
+    assert profile_label("llada-8b", "h100") == "h100, no profile (analytic model)"
 
 
 def test_an_uploaded_trace_is_checked_and_named_by_its_upload_name() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_sim import check_algorithm1
 
-from sangam.cli import main
+from cli.main import main
 from sangam.hardware import lookup_model
 from sangam.results import ITERATION_COLUMNS
 from sim.links import LINKS_DIR
@@ -22,7 +22,7 @@ def test_sim_prints_a_table_and_writes_results(tmp_path: Path, capsys: pytest.Ca
     args = ["sim", "--mode", "3P5C", "--qps", "7.5", "--num-requests", "150", "--out", str(out)]
     assert main([*args, "--iteration-log", str(log)]) == 0
     printed = capsys.readouterr().out
-    assert "3P5C" in printed and "p99 e2e s" in printed
+    assert "3P5C" in printed and "p99" in printed and "transfer" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 150 and summary["config"]["layout"] == "3P5C"
     assert summary["mean_e2el_ms"] > 0
@@ -55,6 +55,106 @@ def test_sim_replays_a_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert summary["completed"] == 2
     assert summary["config"]["num_requests"] == 2  # what the trace holds, not the default 4000
     assert "  2 requests  " in capsys.readouterr().out
+
+
+def test_a_timed_trace_records_its_own_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n1.0,100,32\n")
+    assert main(["sim", "--trace", str(trace), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["config"]["qps"] == 2.0
+    assert [row[0] for row in table_rows(capsys.readouterr().out)] == ["2"]
+
+
+def table_rows(printed: str) -> list[list[str]]:
+    """The cells of each row of the printed results table (11 cells, the first the QPS)."""
+    rows = [line.split() for line in printed.splitlines()]
+    return [row for row in rows if len(row) == 11 and row[0].replace(".", "").isdigit()]
+
+
+def test_the_table_fits_80_columns_and_cuts_no_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # a narrower terminal still gets the whole table
+    trace = tmp_path / ("a-long-directory-name-" * 8) / "trace.csv"
+    trace.parent.mkdir()
+    trace.write_text("prompt_len,output_len\n" + "100,64\n" * 20)
+    out = tmp_path / "out"
+    assert (
+        main(["sim", "--mode", "1P1D", "--trace", str(trace), "--qps", "1", "123.25", "--out", str(out)]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    *table, caption = lines
+    assert max(len(line) for line in table) <= 80 and "…" not in "".join(lines)
+    assert f"trace {trace}  " in caption  # the caption is never wrapped, whatever the path's length
+    for q in ("1", "123.25"):
+        summary = json.loads((out / f"qps-{q}" / "summary.json").read_text())
+        (row,) = [row for row in table_rows("\n".join(table)) if row[0] == q]
+        assert f"{summary['p99_e2el_ms'] / 1000:.2f}" in row and f"{summary['request_throughput']:.2f}" in row
+
+
+def test_options_that_would_be_ignored_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timed = tmp_path / "timed.csv"
+    timed.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n")
+    for args, needle in [
+        (["--mode", "5P3C", "--gpus", "4"], "--mode 5P3C runs 8 workers, not --gpus 4"),
+        (["--qps", "6", "6"], "--qps lists 6 twice"),
+        (["--qps", "6,7", "--qps", "7"], "--qps lists 7 twice"),
+        (["--trace", str(timed), "--arrival-cv", "2"], "--arrival-cv would be ignored"),
+    ]:
+        assert main(["sim", "--num-requests", "10", *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1
+
+
+def test_repeated_qps_flags_add_points_and_stale_points_go(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["sim", "--num-requests", "10", "--qps", "1", "--qps", "2", "3", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["qps-1", "qps-2", "qps-3"]
+    (out / "notes.txt").write_text("mine")
+    assert main(["sim", "--num-requests", "10", "--qps", "4,5", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "qps-4", "qps-5"]
+    assert main(["sim", "--num-requests", "10", "--qps", "6", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "blocks.csv",
+        "notes.txt",
+        "requests.csv",
+        "summary.json",
+    ]
+
+
+def test_vllm_bench_names_are_aliases(tmp_path: Path) -> None:
+    args = ["sim", "--request-rate", "2", "--num-prompts", "12", "--result-dir", str(tmp_path)]
+    assert main(args) == 0
+    config = json.loads((tmp_path / "summary.json").read_text())["config"]
+    assert config["qps"] == 2 and config["num_requests"] == 12
+
+
+def test_bare_sangam_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("sim", "live", "trace", "app", "profile", "validate"))
+
+
+@pytest.mark.parametrize("command", ["sim", "live", "trace", "profile", "validate"])
+def test_every_option_has_help_and_shows_its_default(command: str) -> None:
+    from cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]  # type: ignore[union-attr]
+    for action in sub._actions:
+        if action.dest == "help" or action.help == "==SUPPRESS==":
+            continue
+        assert action.help, f"{command} {action.option_strings} has no help"
+        if action.default not in (None, False, True, ()) and action.type is not None:
+            assert "(default: " in action.help, f"{command} {action.option_strings} hides its default"
+
+
+def test_os_errors_are_one_plain_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("")
+    assert main(["trace", "-o", str(tmp_path / "afile" / "t.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"sangam: error: {tmp_path / 'afile' / 't.csv'}: Not a directory\n"
 
 
 def test_several_rates_over_a_timed_trace_are_refused(
@@ -92,7 +192,7 @@ def test_sim_charges_transfers_with_a_measured_link_profile(tmp_path: Path) -> N
 
 def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
     path = tmp_path / "trace.csv"
-    assert main(["trace", "--dataset", "arxiv", "-n", "300", "-o", str(path)]) == 0
+    assert main(["trace", "--trace", "arxiv", "-n", "300", "-o", str(path)]) == 0
     with path.open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["arrival_time", "prompt_len", "output_len"] and len(rows) == 300
@@ -108,8 +208,8 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--qps", "fast"], "positive"),
         (["--budget", "1.5"], "positive integer"),
         (["--budget", "0"], "positive integer"),
-        (["--model", "gpt-9"], "unknown model"),
-        (["--gpu", "tpu"], "unknown GPU"),
+        (["--model", "gpt-9"], "invalid choice"),
+        (["--gpu", "tpu"], "invalid choice"),
         (["--policy", "lifo"], "invalid choice"),
         (["--progress", "fixed:99"], "progress"),
         (["--trace", "missing.csv"], "missing.csv"),
@@ -133,8 +233,10 @@ def test_bad_input_is_one_line_on_stderr(
         (["live", "--port", "99999"], "--port: expected a port number in 0-65535"),
         (["live", "--port", "-1"], "--port: expected a port number in 0-65535"),
         (["live", "--port", "x"], "--port: expected a port number"),
-        (["profile", "--model", "gpt-9"], "unknown model"),  # before it looks for a GPU
-        (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "unknown GPU"),
+        (["profile", "--model", "gpt-9"], "invalid choice"),  # before it looks for a GPU
+        (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "invalid choice"),
+        (["trace", "--trace", "t.csv", "-o", "x.csv"], "a synthetic trace is one of sharegpt, arxiv"),
+        (["trace", "--qps", "1", "2", "-o", "x.csv"], "unrecognized arguments: 2"),
     ],
 )
 def test_other_commands_bad_options_are_one_line(
@@ -179,7 +281,7 @@ def test_prompt_too_long_for_the_kv_pool(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_the_installed_command_reports_bad_input_without_a_traceback() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sangam.cli", "sim", "--mode", "nonsense"],
+        [sys.executable, "-m", "cli.main", "sim", "--mode", "nonsense"],
         capture_output=True,
         text=True,
         check=False,

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from live_helpers import child_pids, descendants, live_args, replay, subprocess_env, wait_gone, write_trace
 
+from cli.live import run as run_live
 from executor.client import SangamClient, SangamError
+from executor.codec import record_of, request_from_record
 from executor.launcher import ClusterSpec, LiveError, LocalCluster, cpu_workers
-from executor.live import run_live
 from executor.proto import sangam_pb2 as pb
-from executor.scheduler import record_of, request_from_record
 from sangam.config import RunConfig, build_requests, with_arrival_times
 from sangam.progress import parse_progress
 from sangam.request import BlockRecord, Request

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
+from cli.live import run as run_live
 from executor.kv_transfer import fit_link, recorded_command
 from executor.launcher import (
     ClusterSpec,
@@ -21,7 +22,7 @@ from executor.launcher import (
     gpu_workers,
     resolve_transport,
 )
-from executor.live import page_leaks, rebuild, run_live
+from executor.live import page_leaks, rebuild
 from sangam.config import RunConfig, with_arrival_times
 from sangam.hardware import lookup_model
 from sangam.layout import Role, parse_mode
@@ -153,7 +154,7 @@ def test_transport_follows_the_placement() -> None:
         resolve_transport("nccl", gpu_workers([3, 3]))
     with pytest.raises(ValueError, match="needs GPU workers"):
         resolve_transport("nccl", (WorkerSpec("cpu"),))
-    assert live_args(["--gpus", "0,0"]).gpus == [0, 0]
+    assert live_args(["--gpus", "0,0"]).gpus == (0, 0)
 
 
 def test_mode_must_fit_the_workers() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sangam.cli import main
+from cli.main import main
 from sangam.results import PARTS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]

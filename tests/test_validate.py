@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sangam.cli import main
+from cli.main import main
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 # report -> the directory of its live runs

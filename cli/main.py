@@ -1,0 +1,63 @@
+"""`sangam`: parse the command line, run the subcommand, turn bad input into one line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from cli import app, live, profile, sim, trace, validate
+
+COMMANDS = {"sim": sim, "live": live, "trace": trace, "app": app, "profile": profile, "validate": validate}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sangam", description="Serve and simulate cached diffusion LLMs.")
+    commands = parser.add_subparsers(dest="command", title="commands", parser_class=Parser)
+    for name, module in COMMANDS.items():
+        module.add_parser(commands, name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        status: int = COMMANDS[args.command].run(args)
+        return status
+    except (UsageError, ValueError, RuntimeError) as err:
+        return _fail(str(err))
+    except OSError as err:
+        return _fail(describe_os_error(err))
+    except KeyboardInterrupt:
+        print("sangam: interrupted", file=sys.stderr)
+        return 130
+
+
+def describe_os_error(err: OSError) -> str:
+    """`afile: File exists` rather than `[Errno 17] File exists: 'afile'`."""
+    if err.strerror and err.filename is not None:
+        return f"{err.filename}: {err.strerror}"
+    return err.strerror or str(err)
+
+
+def _fail(message: str) -> int:
+    print(f"sangam: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

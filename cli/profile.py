@@ -1,0 +1,58 @@
+"""`sangam profile`: measure our worker's iteration times on this GPU (or refit from live logs) and fit."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sangam.args import positive_int
+from sangam.config import RunConfig
+from sangam.options import add_options, collect, option
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    weights: str = option("random", "'random' or a local Hugging Face checkpoint directory")
+    cuda_graphs: bool = option(True, "time decode-only iterations replayed from CUDA graphs")
+    repeats: int = option(5, "timed repeats per iteration shape", parse=positive_int)
+    from_log: tuple[Path, ...] = option(
+        (), "refit from live iteration logs (sangam live --iteration-log) instead of measuring", parse=Path,
+        many=True, metavar="LOG",
+    )  # fmt: skip
+    out: Path | None = option(
+        None, "profile data root", parse=Path, metavar="DIR", default_text="the shipped profiles/data"
+    )
+
+
+def add_parser(commands: Any, name: str) -> None:
+    parser = commands.add_parser(name, help="measure iteration times of our worker on this GPU and fit them")
+    add_options(parser, RunConfig, only=("model", "gpu"), defaults={"gpu": "h200"})
+    add_options(parser, ProfileOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiles.store import DATA, load_profile, merge_log
+
+    model, gpu = args.model, args.gpu
+    options = collect(ProfileOptions, args)
+    root = options.out or DATA
+    if options.from_log:
+        merge_log(model, gpu, list(options.from_log), root)
+    else:
+        from profiles.runner import run_profile as measure
+
+        data, _ = measure(
+            model, gpu, root, weights=options.weights, graphs=options.cuda_graphs, repeats=options.repeats
+        )
+        print(f"wrote {data}")
+    profile = load_profile(model, gpu, root)
+    assert profile is not None
+    r = profile.report
+    print(
+        f"{model} on {gpu}: {r['points']} iterations, model {r['candidate']!r}; held out "
+        f"({r['folds']}-fold): MAPE {r['heldout_mape']:.2f}%, P90 {r['heldout_p90']:.2f}%, "
+        f"max {r['heldout_max']:.2f}%"
+    )
+    return 0

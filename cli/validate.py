@@ -1,0 +1,29 @@
+"""`sangam validate`: one trace live on the GPU and in the simulator; the simulator's errors."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sangam.config import RunConfig
+from sangam.options import add_options, collect, listed
+
+
+def add_parser(commands: Any, name: str) -> None:
+    from profiles.validate import ValidateOptions
+
+    parser = commands.add_parser(name, help="run one trace live and simulated; report the errors")
+    add_options(
+        parser, RunConfig, only=("mode", "model", "gpu", "gpus", "qps", "num_requests", "seed"),
+        defaults={"gpu": "h200", "gpus": 1, "num_requests": 300},
+        default_text={"qps": "30%, 60% and 90% of the simulated knee"},
+    )  # fmt: skip
+    add_options(parser, ValidateOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiles.validate import ValidateOptions, run_validate
+
+    rates = listed(args, "qps", None) if args.qps is not None else None
+    base = collect(RunConfig, args, qps=RunConfig().qps)
+    return run_validate(base, rates, collect(ValidateOptions, args))

@@ -1,0 +1,42 @@
+"""The simulator's own options: the testbed inputs a run cannot observe (KV link, control delay, costs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sangam.args import non_negative_float, positive_float
+from sangam.config import CONTROL_MS
+from sangam.options import option
+from sim.cluster import LinkSpec
+from sim.links import load_link
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How `sangam sim` prices iterations, KV transfers and dispatches."""
+
+    link_gbps: float = option(
+        100.0, "KV link bandwidth, GB/s (an assumed NVLink figure)", parse=positive_float
+    )
+    link_latency_ms: float = option(1.0, "KV link latency, ms", parse=non_negative_float)
+    link: str | None = option(
+        None, "a measured KV link profile instead: a name in profiles/data/links or a JSON file",
+        default_text="the assumed link of --link-gbps and --link-latency-ms",
+    )  # fmt: skip
+    control_ms: float = option(
+        CONTROL_MS, "control-plane delay on every dispatch, ms (as measured live on an H200)",
+        parse=non_negative_float,
+    )  # fmt: skip
+    cost: str = option(
+        "profile", "iteration times: the measured (or derived) profile of --model on --gpu, or analytic",
+        choices=("profile", "analytic"),
+    )  # fmt: skip
+
+    def link_spec(self) -> LinkSpec:
+        return load_link(self.link) if self.link else LinkSpec(self.link_gbps, self.link_latency_ms / 1000)
+
+    def kv_link(self) -> dict[str, Any]:
+        """What summary.json records of the link."""
+        link = self.link_spec()
+        return {"source": self.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s}

@@ -1,0 +1,47 @@
+"""`sangam sim`'s run: every point of a workload through the simulator, results written as asked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sangam.config import RunConfig, RunFiles, load_progress
+from sangam.cost import CostModel
+from sangam.outdir import point_dirs
+from sangam.results import ITERATION_COLUMNS, write_csv, write_results
+from sangam.workload import TraceRow
+from sim.options import SimOptions
+from sim.run import SimResult, simulate
+
+
+def run_points(
+    points: Sequence[tuple[RunConfig, list[TraceRow]]],
+    cost: CostModel,
+    cost_name: str,
+    options: SimOptions,
+    files: RunFiles,
+) -> list[SimResult]:
+    """Simulate each (config, rows) point; write its results under `files.out` and its iteration log."""
+    progress = load_progress(files.progress)
+    link = options.link_spec()
+    rates = [cfg.qps for cfg, _ in points]
+    dirs = point_dirs(files.out, rates) if files.out else []
+    results = []
+    for i, (cfg, rows) in enumerate(points):
+        result = simulate(
+            cfg,
+            rows,
+            cost,
+            progress=progress,
+            link=link,
+            control_s=options.control_ms / 1000,
+            log_iterations=bool(files.iteration_log),
+        )
+        result.summary.update(cost_model=cost_name, kv_link=options.kv_link(), control_ms=options.control_ms)
+        results.append(result)
+        if dirs:
+            write_results(dirs[i], result.requests, result.summary)
+        if files.iteration_log and result.iterations is not None:
+            log = files.iteration_log
+            path = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}") if len(points) > 1 else log
+            write_csv(path, ITERATION_COLUMNS, result.iterations)
+    return results

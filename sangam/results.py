@@ -99,27 +99,42 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[str, Any]:
-    """Throughput and mean/median/p90/p99 (ms) of every metric over finished requests."""
+    """Throughput and mean/std/median/p90/p99 (ms) of every metric over finished requests, under the
+    names `vllm bench serve` writes where the meaning is the same (`failed` counts the run's failures:
+    none unless the driver says otherwise)."""
     if not rows:
-        return {"completed": 0}
+        return {"completed": 0, "failed": 0}
     start = min(r["arrival"] for r in rows)
     duration = max(r["end"] for r in rows) - start
     blocks = sum(r["n_blocks"] for r in rows)
+    prompt_tokens = sum(r["prompt_len"] for r in rows)
+    output_tokens = sum(r["output_len"] for r in rows)
     summary: dict[str, Any] = {
         "completed": len(rows),
+        "failed": 0,
+        "duration": duration,
         "duration_s": duration,
-        "request_throughput": len(rows) / duration if duration > 0 else math.inf,
-        "output_throughput": sum(r["output_len"] for r in rows) / duration if duration > 0 else math.inf,
+        "total_input_tokens": prompt_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": per_second(len(rows), duration),
+        "output_throughput": per_second(output_tokens, duration),
+        "total_token_throughput": per_second(prompt_tokens + output_tokens, duration),
         "overflow_rate": sum(r["overflow_blocks"] for r in rows) / blocks,
     }
     for metric in METRICS:
         values = sorted(r[metric] for r in rows)
-        summary[f"mean_{metric}_ms"] = 1000 * sum(values) / len(values)
+        mean = sum(values) / len(values)
+        summary[f"mean_{metric}_ms"] = 1000 * mean
+        summary[f"std_{metric}_ms"] = 1000 * math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
         for label, q in (("median", 50), ("p90", 90), ("p99", 99)):
             summary[f"{label}_{metric}_ms"] = 1000 * percentile(values, q)
     moved = sum(r["seq_len"] * r["kv_transfers"] for r in rows)
     summary["kv_transferred_gb"] = moved * kv_bytes_per_token / 1e9
     return summary
+
+
+def per_second(count: float, duration: float) -> float:
+    return count / duration if duration > 0 else math.inf
 
 
 def iteration_row(worker: int, start: float, end: float, mb: Microbatch) -> tuple[Any, ...]:

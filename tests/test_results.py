@@ -45,7 +45,15 @@ def test_summary_has_vllm_style_keys_and_correct_percentiles(tmp_path: Path) -> 
             assert f"{stat}_{metric}_ms" in summary
     e2e = sorted(r["e2el"] for r in rows)
     assert summary["median_e2el_ms"] == pytest.approx(1000 * e2e[2])
-    assert summary["completed"] == 5
+    assert summary["completed"] == 5 and summary["failed"] == 0
+    mean = sum(e2e) / 5
+    assert summary["std_e2el_ms"] == pytest.approx(1000 * (sum((v - mean) ** 2 for v in e2e) / 5) ** 0.5)
+    duration = max(r["end"] for r in rows) - min(r["arrival"] for r in rows)
+    assert summary["duration"] == pytest.approx(duration)
+    assert summary["total_input_tokens"] == sum(r["prompt_len"] for r in rows) == 500
+    assert summary["total_output_tokens"] == sum(r["output_len"] for r in rows)
+    tokens = summary["total_input_tokens"] + summary["total_output_tokens"]
+    assert summary["total_token_throughput"] == pytest.approx(tokens / duration)
     write_results(tmp_path, reqs, {"config": {"mode": "1C"}, **summary})
     with (tmp_path / "requests.csv").open() as f:
         table = list(csv.DictReader(f))

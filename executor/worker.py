@@ -1,37 +1,26 @@
-"""A live worker process: a gRPC front end and one loop thread that drives `sangam.batcher.Batcher`.
+"""A live worker process: a gRPC front end and one loop thread that drives an `executor.engine.Engine`.
 
     python -m executor.worker --worker-id 0 --scheduler 127.0.0.1:PORT [--model tiny-llada] ...
 
 Threads:
 - gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) validate and push blocks onto a thread-safe inbox;
   transfer orders they start at once (under `Engine.lock`);
-- the loop thread (the main thread) drives the Batcher, the ModelRunner and the sampler: drain inbox ->
-  `add_prefill` -> `next_microbatch` -> forward -> unmask -> `complete` -> hand the iteration's report to
-  the outbox. It never waits on the scheduler or the network; the Batcher and its pool change only under
-  `Engine.lock`, which the forward does not hold;
-- KV link threads (disaggregated and hybrid layouts) move KV, then hand a received block to the Batcher;
-- the sender thread batches reports and transfer events from the outbox into `Control.Report` calls.
+- the loop thread (the main thread) drives the Engine: drain inbox -> admit -> `Engine.step` -> hand the
+  iteration's report to the outbox. It never waits on the scheduler or the network; the Batcher and its
+  pool change only under `Engine.lock`, which the forward does not hold;
+- KV link threads (disaggregated and hybrid layouts) move KV, then hand a received block to the Engine;
+- the sender thread batches reports and transfer events from the outbox into `Control.Report` calls;
+- the hang watch marks the worker unhealthy if one iteration runs too long.
 
-A block arrives as a `BlockWork` (the request's tokens up to its first mask) and becomes a local,
-single-block `sangam.request.Request` under a worker-local id (a request's next block may reach this worker
-while the KV of its previous one is still held here for a transfer); the block's KV pages come from the
-Batcher's pool when its prefill is admitted and go back when the block ends. Its planned forwards (or 32,
-the most a block can take, when the sampler decides) are replaced by the forwards actually used as soon as
-the block is fully unmasked, so `Batcher.complete` ends it on exactly that iteration.
-
-Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`) give each worker a role. A prefill worker's
-Batcher hands prefilled blocks off (`hand_off=True`, budget `--prefill-budget`): they keep their pages, the
-report carries the block's 32 ids, and the scheduler orders the transfer. `TransferOrder`s arrive through
-`Enqueue` and are carried out by `executor.kv_transfer` link threads: SEND packs and sends the pages,
-RECEIVE allocates pages here and receives into them, after which the loop gives the block to the Batcher
-with `add_decode`; RELEASE frees a sent block's pages. Results come back to the loop through the inbox and
-go out as `TransferEvent`s in the same report stream, each batch also carrying the pool's free pages.
+Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`) give each worker a role; a prefill worker's
+Batcher hands prefilled blocks off (budget `--prefill-budget`) and `TransferOrder`s arrive through
+`Enqueue`. Transfer results go out as `TransferEvent`s in the same report stream, each batch also carrying
+the pool's free pages.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import queue
@@ -41,342 +30,31 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import replace
+from functools import partial
 
 import grpc
 import torch
-from torch import Tensor
 
-from executor import rpc
-from executor.attention import TorchAttention
-from executor.forward import ModelRunner
+from executor import codec, rpc
+from executor.engine import Engine, build_model, build_runner, check_work
 from executor.kv_cache import PagedKVCache
-from executor.kv_transfer import (
-    TRANSPORTS,
-    KVTransfers,
-    LinkConfig,
-    TransferError,
-    TransferJob,
-    TransferResult,
-    open_store,
-)
-from executor.live_models import lookup_live_model
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, tiny
+from executor.kv_transfer import TRANSPORTS, KVTransfers, LinkConfig, TransferResult, open_store
+from executor.messages import BlockWork, IterationReport, Registration, ReportBatch, TransferEvent
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
-from executor.sampler import BlockStep, SamplingParams, commits_eos, unmask
-from sangam.batcher import BatchConfig, Batcher, Microbatch, Policy
-from sangam.hardware import BLOCK, pages_for
+from executor.retry import deliver
+from sangam.batcher import BatchConfig, Batcher, Policy
+from sangam.hardware import pages_for
 from sangam.kv import PagePool
 from sangam.layout import Kind, Role, parse_mode
-from sangam.request import Request
-from sangam.results import ITERATION_COLUMNS, iteration_row
 
 REPORT_BATCH = 256  # iterations per Report call at most
 STAGED_TOKENS = 4096 + 1024  # transfer staging is allocated up front for a sequence this long
 REPORT_ATTEMPTS = 4
+REPORT_BACKOFF_S = 0.2
 
 log = logging.getLogger("sangam.worker")
-
-
-@dataclass(slots=True, eq=False)
-class Job:
-    """One block of one request on this worker."""
-
-    req: Request  # local, single-block: what the Batcher schedules
-    block: int  # the block's index within the request
-    block_start: int
-    tokens: Tensor  # (S,) int64 on the host: prompt, committed blocks, masks; the block is updated in place
-    params: SamplingParams
-    forwards: int | None  # planned forwards; None: the sampler decides
-    rid: int | None = None  # the scheduler's request id, when `req.id` is a worker-local id
-
-    @property
-    def request_id(self) -> int:
-        return self.req.id if self.rid is None else self.rid
-
-
-def sampling_params(msg: pb.SamplingParams, request_id: int) -> SamplingParams:
-    return SamplingParams(
-        threshold=msg.threshold if msg.HasField("threshold") else 0.9,
-        temperature=msg.temperature if msg.HasField("temperature") else 0.0,
-        seed=msg.seed if msg.HasField("seed") else request_id,
-    )
-
-
-def check_work(work: pb.BlockWork) -> str | None:
-    """Why a `BlockWork` cannot be run, or None (the scheduler validated the request already)."""
-    seq_len = work.prompt_len + work.mask_len
-    if work.prompt_len <= 0 or work.mask_len <= 0 or work.mask_len % BLOCK:
-        return f"request {work.request_id}: bad lengths prompt {work.prompt_len} mask {work.mask_len}"
-    if not 0 <= work.block < work.mask_len // BLOCK:
-        return f"request {work.request_id}: block {work.block} outside a mask buffer of {work.mask_len}"
-    if len(work.tokens) != work.prompt_len + BLOCK * work.block or len(work.tokens) > seq_len:
-        return f"request {work.request_id}: {len(work.tokens)} known tokens for block {work.block}"
-    if not 0 <= work.forwards <= BLOCK:
-        return f"request {work.request_id}: {work.forwards} planned forwards"
-    return None
-
-
-class Runner(Protocol):
-    """`ModelRunner` or a drop-in (`GraphedModelRunner`): logits (items, 32, vocab) of one microbatch."""
-
-    def forward(self, items: Sequence[ForwardItem]) -> Tensor: ...
-
-
-class Engine:
-    """The torch side of one worker: turns microbatches into forwards, commits, and reports.
-
-    `jobs` is keyed by the worker-local request id (the local `Request.id`, which is also the page pool's
-    owner id); `Job.request_id` is the scheduler's.
-    """
-
-    def __init__(
-        self,
-        worker_id: int,
-        model: Transformer,
-        batcher: Batcher,
-        runner: Runner,
-        *,
-        transfers: KVTransfers | None = None,
-    ) -> None:
-        self.worker_id = worker_id
-        self.model = model
-        self.batcher = batcher
-        self.runner = runner
-        self.transfers = transfers
-        self.mask_id = model.config.mask_id
-        self.eos_ids = model.config.eos_ids
-        self.shift = model.config.logit_shift
-        self.device = model.device
-        self.jobs: dict[int, Job] = {}
-        self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
-        self.receiving: dict[tuple[int, int], int] = {}  # (transfer id, attempt) -> local id of the KV
-        self._local_ids = itertools.count()
-        # The batcher, its pool and `jobs` are shared with the gRPC threads (transfer orders) and the link
-        # threads (transfer results), so that transfers never wait for an iteration to end: every change
-        # of them holds this lock; the forward itself runs outside it.
-        self.lock = threading.Lock()
-        self.emit: Callable[[pb.TransferEvent], None] = lambda event: None  # to the report stream
-
-    def admit(self, work: pb.BlockWork) -> None:
-        """Queue one block's prefill with the batcher."""
-        job = self._job(work)
-        with self.lock:
-            self.jobs[job.req.id] = job
-            self.batcher.add_prefill(job.req)
-
-    def _job(self, work: pb.BlockWork) -> Job:
-        seq_len = work.prompt_len + work.mask_len
-        tokens = torch.full((seq_len,), self.mask_id, dtype=torch.long)
-        tokens[: len(work.tokens)] = torch.tensor(list(work.tokens), dtype=torch.long)
-        forwards = work.forwards or None
-        local = next(self._local_ids)
-        req = Request(local, work.arrival, work.prompt_len, BLOCK, work.mask_len, (forwards or BLOCK,))
-        block_start = work.prompt_len + BLOCK * work.block
-        params = sampling_params(work.sampling, work.request_id)
-        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id)
-
-    # ---- KV transfers (any thread, under the lock) ----------------------------------------------------
-
-    def transfer(self, order: pb.TransferOrder) -> None:
-        """Carry out one order (any thread): a RELEASE, or an order that cannot start, emits its event at
-        once; otherwise the link thread's result comes back through `transfer_done`."""
-        with self.lock:
-            try:
-                if order.kind == pb.RELEASE:
-                    self.emit(self._release(order))
-                    return
-                if self.transfers is None:
-                    raise TransferError(f"worker {self.worker_id} has no KV links (colocated layout)")
-                if order.kind == pb.SEND:
-                    self._send(order)
-                else:
-                    self._receive(order)
-            except (TransferError, ValueError, MemoryError) as err:
-                now = time.monotonic()
-                event = pb.TransferEvent(
-                    kind=order.kind, transfer_id=order.transfer_id, attempt=order.attempt
-                )
-                event.ok, event.error, event.start, event.end = False, str(err), now, now
-                self.emit(event)
-
-    def _send(self, order: pb.TransferOrder) -> None:
-        assert self.transfers is not None
-        local = self.handed.get((order.request_id, order.block))
-        if local is None:
-            raise TransferError(f"no prefilled KV of request {order.request_id} block {order.block} here")
-        pages = tuple(self.batcher.pool.pages_of(local))
-        self.transfers.send(order.peer, self._transfer_job(order, pages))
-
-    def _receive(self, order: pb.TransferOrder) -> None:
-        assert self.transfers is not None
-        reason = check_work(order.work)
-        if reason is not None:
-            raise ValueError(reason)
-        work = order.work
-        if order.pages != pages_for(work.prompt_len + work.mask_len) or len(order.block_tokens) != BLOCK:
-            raise ValueError(
-                f"request {order.request_id}: a transfer order of {order.pages} pages does not fit"
-            )
-        if not 1 <= order.step < BLOCK:
-            raise ValueError(f"request {order.request_id}: cannot resume a block at step {order.step}")
-        pool = self.batcher.pool
-        if not pool.can_allocate(order.pages):
-            raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
-        job = self._job(work)
-        job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(order.block_tokens))
-        job.req.step = order.step
-        pages = tuple(pool.allocate(job.req.id, order.pages))
-        self.jobs[job.req.id] = job
-        self.receiving[order.transfer_id, order.attempt] = job.req.id
-        try:
-            self.transfers.receive(order.peer, self._transfer_job(order, pages))
-        except TransferError:
-            self._drop(job.req.id)
-            del self.receiving[order.transfer_id, order.attempt]
-            raise
-
-    @staticmethod
-    def _transfer_job(order: pb.TransferOrder, pages: tuple[int, ...]) -> TransferJob:
-        return TransferJob(
-            order.transfer_id, order.attempt, order.request_id, order.tag, order.generation, pages
-        )
-
-    def _release(self, order: pb.TransferOrder) -> pb.TransferEvent:
-        local = self.handed.pop((order.request_id, order.block), None)
-        if local is None:
-            raise TransferError(f"no KV of request {order.request_id} block {order.block} to release here")
-        self._drop(local)
-        now = time.monotonic()
-        return pb.TransferEvent(
-            kind=pb.RELEASE, transfer_id=order.transfer_id, attempt=order.attempt, ok=True, start=now, end=now
-        )
-
-    def _drop(self, local: int) -> None:
-        """Forget a job that holds pages outside the batcher's queues, and free its pages."""
-        job = self.jobs.pop(local)
-        self.batcher.release(job.req)
-
-    def transfer_done(self, result: TransferResult) -> None:
-        """A link thread finished one end of an attempt: a received block joins the decodes at once.
-
-        The RECEIVE event is emitted before the lock is let go, so it precedes every report of the decode.
-        """
-        job = result.job
-        event = pb.TransferEvent(
-            kind=pb.SEND if result.send else pb.RECEIVE, transfer_id=job.transfer_id, attempt=job.attempt,
-            ok=result.ok, error=result.error, start=result.start, end=result.end, bytes=result.nbytes,
-        )  # fmt: skip
-        with self.lock:
-            if not result.send:
-                local = self.receiving.pop((job.transfer_id, job.attempt))
-                if result.ok:
-                    self.batcher.add_decode(self.jobs[local].req)
-                else:
-                    self._drop(local)
-            self.emit(event)
-
-    def step(self, on_launch: Callable[[], None] = lambda: None) -> pb.IterationReport | None:
-        """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
-        the iteration's GPU work is queued, before its wait for the results."""
-        with self.lock:  # the start is read under the lock: a block a link thread adds meanwhile is in `mb`
-            start = time.monotonic()
-            mb = self.batcher.next_microbatch(start)
-            if mb.empty:
-                return None
-            decodes = [self.jobs[r.id] for r in mb.decodes]
-            prefills = [self.jobs[r.id] for r in mb.prefills]
-        jobs = decodes + prefills
-        items = [ForwardItem(j.req.id, Phase.DECODE, j.tokens, j.block_start) for j in decodes]
-        items += [ForwardItem(j.req.id, Phase.PREFILL, j.tokens, j.block_start) for j in prefills]
-        steps = [BlockStep(j.params, j.block, j.req.step, j.forwards) for j in jobs]
-        blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
-
-        logits, gpu_s = self._timed_forward(items)
-        committed = unmask(blocks, logits, steps, self.mask_id)
-        on_launch()
-        new_blocks = committed.cpu()
-        gpu_s = gpu_s()
-        done: dict[int, Tensor] = {}
-        for job, new in zip(jobs, new_blocks, strict=True):
-            job.tokens[job.block_start : job.block_start + BLOCK] = new
-            forwards = job.req.step + 1  # including this one
-            if not bool((new == self.mask_id).any()):
-                job.req.steps = (forwards,)
-                done[job.req.id] = new
-            elif forwards >= job.req.steps[0]:  # cannot happen: every forward commits at least one mask
-                log.warning(
-                    "request %d block %d still masked after %d forwards", job.req.id, job.block, forwards
-                )
-                job.req.steps = (forwards + 1,)
-        end = time.monotonic()
-        with self.lock:
-            return self._complete(mb, start, end, items, done, gpu_s)
-
-    def _complete(
-        self,
-        mb: Microbatch,
-        start: float,
-        end: float,
-        items: Sequence[ForwardItem],
-        done: dict[int, Tensor],
-        gpu_s: float,
-    ) -> pb.IterationReport:
-        outcome = self.batcher.complete(mb, end)
-        report = pb.IterationReport(stats=self._stats(start, end, mb), gpu_s=gpu_s)
-        for item in items:
-            query = item.seq_len if item.phase is Phase.PREFILL else BLOCK + self.shift
-            kind = pb.PREFILL if item.phase is Phase.PREFILL else pb.DECODE
-            report.items.add(kind=kind, query_tokens=query, context_len=item.seq_len)
-        handoffs = {id(r) for r in outcome.handoffs}
-        for req in outcome.prefilled:
-            rec, job = req.blocks[0], self.jobs[req.id]
-            assert rec.prefill_start is not None and rec.prefill_end is not None
-            entry = report.prefilled.add(
-                request_id=job.request_id,
-                block=job.block,
-                prefill_start=rec.prefill_start,
-                prefill_end=rec.prefill_end,
-            )
-            if id(req) in handoffs:  # the KV stays here until the scheduler's RELEASE
-                entry.handoff = True
-                entry.block_tokens.extend(job.tokens[job.block_start : job.block_start + BLOCK].tolist())
-                self.handed[job.request_id, job.block] = req.id
-        for req in outcome.finished:
-            job, rec, tokens = self.jobs.pop(req.id), req.blocks[0], done[req.id]
-            assert rec.end is not None
-            entry = report.finished.add(
-                request_id=job.request_id,
-                block=job.block,
-                tokens=tokens.tolist(),
-                forwards=req.steps[0],
-                end=rec.end,
-                eos=commits_eos(tokens, self.eos_ids),
-            )
-            if rec.decode_start is not None:
-                entry.decode_start = rec.decode_start
-        return report
-
-    def _timed_forward(self, items: Sequence[ForwardItem]) -> tuple[Tensor, Any]:
-        """Logits, and a callable giving the forward's seconds once the results are on the host."""
-        if self.device.type == "cuda":
-            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            logits = self.runner.forward(items)
-            finish.record()
-            return logits, lambda: begin.elapsed_time(finish) / 1000.0
-        t0 = time.perf_counter()
-        logits = self.runner.forward(items)
-        seconds = time.perf_counter() - t0
-        return logits, lambda: seconds
-
-    def _stats(self, start: float, end: float, mb: Microbatch) -> pb.IterationStats:
-        row = dict(zip(ITERATION_COLUMNS, iteration_row(self.worker_id, start, end, mb), strict=True))
-        row["memory_blocked"] = int(row["memory_blocked"])
-        return pb.IterationStats(**row)
 
 
 class WorkerServicer(pb_grpc.WorkerServicer):
@@ -384,26 +62,27 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.worker = worker
 
     def Enqueue(self, request: pb.EnqueueBatch, context: grpc.ServicerContext) -> pb.EnqueueReply:
-        for work in request.blocks:
+        batch = codec.work_from_pb(request)
+        for work in batch.blocks:
             reason = check_work(work)
             if reason is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         if self.worker.stopping.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
-        if request.blocks:
-            self.worker.inbox.put(list(request.blocks))
-        for order in request.transfers:  # right away, in the order the scheduler issued them
+        if batch.blocks:
+            self.worker.inbox.put(list(batch.blocks))
+        for order in batch.orders:  # right away, in the order the scheduler issued them
             self.worker.engine.transfer(order)
-        if request.transfers:
+        if batch.orders:
             self.worker.wake()  # a RELEASE may let a waiting prefill in
-        return pb.EnqueueReply(accepted=len(request.blocks) + len(request.transfers))
+        return pb.EnqueueReply(accepted=len(batch.blocks) + len(batch.orders))
 
     def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
         self.worker.stop("shutdown requested")
         return pb.ShutdownReply()
 
 
-Outbound = pb.IterationReport | pb.TransferEvent
+Outbound = IterationReport | TransferEvent
 
 
 class WorkerProcess:
@@ -413,7 +92,7 @@ class WorkerProcess:
         self.worker_id = worker_id
         self.engine = engine
         self.control = control
-        self.inbox: queue.SimpleQueue[list[pb.BlockWork]] = queue.SimpleQueue()  # [] only wakes the loop
+        self.inbox: queue.SimpleQueue[list[BlockWork]] = queue.SimpleQueue()  # [] only wakes the loop
         self.outbox: queue.SimpleQueue[Outbound | None] = queue.SimpleQueue()
         engine.emit = self.outbox.put
         self.stopping = threading.Event()
@@ -440,12 +119,12 @@ class WorkerProcess:
         # it could matter: a block dispatched meanwhile could not join the iteration already started.
         # The last held report learns its cycle (start to this loop's next start) when the loop goes
         # straight on to the next iteration.
-        held: list[pb.IterationReport] = []
+        held: list[IterationReport] = []
         straight_on = False
 
         def release() -> None:
             if straight_on and held and self.step_started is not None:
-                held[-1].cycle_s = self.step_started - held[-1].stats.start
+                held[-1] = replace(held[-1], cycle_s=self.step_started - held[-1].stats.start)
             for report in held:
                 self.outbox.put(report)
             held.clear()
@@ -519,59 +198,28 @@ class WorkerProcess:
                     last = True
                     break
                 batch.append(item)
-            message = pb.ReportBatch(
-                worker_id=self.worker_id,
-                iterations=[r for r in batch if isinstance(r, pb.IterationReport)],
-                transfers=[e for e in batch if isinstance(e, pb.TransferEvent)],
+            reports = ReportBatch(
+                self.worker_id,
+                iterations=tuple(r for r in batch if isinstance(r, IterationReport)),
+                transfers=tuple(e for e in batch if isinstance(e, TransferEvent)),
                 free_pages=self.engine.batcher.pool.num_free,  # read after every queued change was made
             )
-            if not self._send(message):
+            if not self._send(codec.reports_to_pb(reports)):
                 return
             if last:
                 return
 
     def _send(self, message: pb.ReportBatch) -> bool:
-        for attempt in range(REPORT_ATTEMPTS):
-            try:
-                self.control.Report(message, timeout=rpc.CALL_TIMEOUT_S)
-                return True
-            except grpc.RpcError as err:
-                if self.stopping.is_set():
-                    return False
-                if attempt == REPORT_ATTEMPTS - 1:
-                    self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
-                    return False
-                time.sleep(0.2 * 2**attempt)
-        return False
-
-
-def build_model(name: str, weights: str, device: torch.device, seed: int) -> Transformer:
-    """The served model: the named config with seeded random weights, or a local checkpoint."""
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    if weights != "random":
-        return load_checkpoint(weights, dtype=dtype, device=device)
-    spec = lookup_live_model(name)
-    family = Family(spec.family)
-    config = tiny(family) if spec.tiny else full_size(family)
-    return random_model(config, dtype=dtype, device=device, seed=seed)
-
-
-def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:
-    """The torch backend on CPU; on CUDA FlashInfer (when installed) and decode CUDA graphs."""
-    if model.device.type != "cuda":
-        return ModelRunner(model, cache, TorchAttention())
-    from executor.flashinfer_backend import make_backend, supports, warm_up_kernels
-
-    kv_dtype = cache.layers[0].dtype
-    if supports(model.device, model.dtype):
-        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.head_dim,))
-    backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
-    runner = ModelRunner(model, cache, backend)
-    if not cuda_graphs or not supports(model.device, model.dtype):
-        return runner
-    from executor.cuda_graphs import GraphedModelRunner
-
-    return GraphedModelRunner(runner)  # takes its padding pages from the pool now
+        try:
+            return deliver(
+                partial(self.control.Report, message, timeout=rpc.CALL_TIMEOUT_S),
+                attempts=REPORT_ATTEMPTS,
+                backoff_s=REPORT_BACKOFF_S,
+                stopping=self.stopping,
+            )
+        except grpc.RpcError as err:
+            self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
+            return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -647,8 +295,9 @@ def connect_links(args: argparse.Namespace, roles: Sequence[Role], device: torch
     return transfers
 
 
-def register(control: pb_grpc.ControlStub, message: pb.RegisterRequest, timeout: float = 30.0) -> None:
+def register(control: pb_grpc.ControlStub, registration: Registration, timeout: float = 30.0) -> None:
     """Register with the scheduler, retrying while it is not reachable yet."""
+    message = codec.registration_to_pb(registration)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -714,13 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = model.config
         register(
             control,
-            pb.RegisterRequest(
+            Registration(
                 worker_id=args.worker_id,
                 address=address,
                 pages=pool.num_free,  # what requests can use: CUDA graphs keep a few padding pages
                 vocab=config.vocab,
                 mask_id=config.mask_id,
-                eos_ids=list(config.eos_ids),
+                eos_ids=tuple(config.eos_ids),
                 model=args.model if args.weights == "random" else str(args.weights),
                 device=str(device),
                 pid=os.getpid(),

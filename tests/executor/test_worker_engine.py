@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from executor.attention import TorchAttention
+from executor.engine import Engine
 from executor.forward import ModelRunner
 from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import TransferJob, TransferResult
+from executor.messages import BlockWork, TransferEvent, TransferKind
 from executor.models import Family, random_model, tiny
-from executor.proto import sangam_pb2 as pb
-from executor.worker import Engine
 from sangam.batcher import BatchConfig, Batcher
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
@@ -49,16 +49,16 @@ def test_a_block_received_while_an_iteration_waits_for_the_lock_decodes_after_it
     engine = Engine(0, model, Batcher(0, BatchConfig(), pool), ModelRunner(model, cache, TorchAttention()))
     lock = LinkFirstLock()
     engine.lock = lock  # type: ignore[assignment]
-    events: list[pb.TransferEvent] = []
+    events: list[TransferEvent] = []
     engine.emit = events.append
     prompt = 20
-    work = pb.BlockWork(
+    work = BlockWork(
         request_id=7,
         arrival=0.0,
         block=0,
         prompt_len=prompt,
         mask_len=BLOCK,
-        tokens=list(range(1, prompt + 1)),
+        tokens=tuple(range(1, prompt + 1)),
     )
     job = engine._job(work)  # as `_receive` registers it: pages allocated, resuming at step 1
     job.req.step = 1
@@ -74,8 +74,8 @@ def test_a_block_received_while_an_iteration_waits_for_the_lock_decodes_after_it
 
     lock.link = receive_ends
     report = engine.step()
-    assert report is not None and len(report.items) == 1 and report.items[0].kind == pb.DECODE
+    assert report is not None and len(report.items) == 1 and not report.items[0].prefill
     (event,) = events
-    assert event.kind == pb.RECEIVE and event.ok
+    assert event.kind is TransferKind.RECEIVE and event.ok
     assert job.req.record.decode_start is not None and job.req.record.decode_start >= event.end
     assert report.stats.start >= event.end

@@ -9,8 +9,13 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from executor.messages import IterationReport, IterationStats
 from executor.proto import sangam_pb2 as pb
 from executor.worker import WorkerProcess
+
+
+def stats(start: float) -> IterationStats:
+    return IterationStats(0, start, start, 0, 0, 0, 0, 0, 0, 0.0, 0, 0)
 
 
 class RecordingOutbox(queue.Queue[Any]):
@@ -19,7 +24,7 @@ class RecordingOutbox(queue.Queue[Any]):
         self.log = log
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        if isinstance(item, pb.IterationReport):
+        if isinstance(item, IterationReport):
             self.log.append(("report out", int(item.gpu_s)))
         super().put(item, block, timeout)
 
@@ -33,7 +38,7 @@ class FakeEngine:
         self.batcher = SimpleNamespace(has_work=True, pool=SimpleNamespace(num_free=0))
         self.emit: Callable[[Any], None] = lambda event: None
 
-    def step(self, on_launch: Callable[[], None]) -> pb.IterationReport:
+    def step(self, on_launch: Callable[[], None]) -> IterationReport:
         index = self.done
         self.starts.append(time.monotonic())
         self.log.append(("launch", index))
@@ -42,7 +47,7 @@ class FakeEngine:
         self.log.append(("results", index))
         self.done += 1
         self.batcher.has_work = self.done < self.iterations
-        return pb.IterationReport(stats=pb.IterationStats(start=self.starts[-1]), gpu_s=index)
+        return IterationReport(stats(self.starts[-1]), gpu_s=index)
 
 
 class FakeControl:

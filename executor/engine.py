@@ -1,0 +1,375 @@
+"""The torch side of one worker: blocks become jobs, microbatches become forwards, and each iteration a
+typed `IterationReport`; the worker's own ends of KV transfers (`executor.kv_transfer` moves the bytes).
+
+A block arrives as a `BlockWork` (the request's tokens up to its first mask) and becomes a local,
+single-block `sangam.request.Request` under a worker-local id (a request's next block may reach this worker
+while the KV of its previous one is still held here for a transfer); the block's KV pages come from the
+Batcher's pool when its prefill is admitted and go back when the block ends. Its planned forwards (or 32,
+the most a block can take, when the sampler decides) are replaced by the forwards actually used as soon as
+the block is fully unmasked, so `Batcher.complete` ends it on exactly that iteration.
+
+A prefill-role worker's Batcher hands prefilled blocks off (`hand_off=True`): they keep their pages, the
+report carries the block's 32 ids, and the scheduler orders the transfer. SEND packs and sends the pages,
+RECEIVE allocates pages here and receives into them, after which the block joins the Batcher with
+`add_decode`; RELEASE frees a sent block's pages. Each end's result is emitted as a `TransferEvent`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from executor.attention import TorchAttention
+from executor.forward import ModelRunner
+from executor.kv_cache import PagedKVCache
+from executor.kv_transfer import KVTransfers, TransferError, TransferJob, TransferResult
+from executor.live_models import lookup_live_model
+from executor.messages import (
+    BlockDone,
+    BlockWork,
+    ItemShape,
+    IterationReport,
+    IterationStats,
+    Prefilled,
+    Sampling,
+    TransferEvent,
+    TransferKind,
+    TransferOrder,
+)
+from executor.microbatch import ForwardItem, Phase
+from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, tiny
+from executor.sampler import BlockStep, SamplingParams, commits_eos, unmask
+from sangam.batcher import Batcher, Microbatch
+from sangam.hardware import BLOCK, pages_for
+from sangam.request import Request
+from sangam.results import iteration_row
+
+log = logging.getLogger("sangam.worker")
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One block of one request on this worker."""
+
+    req: Request  # local, single-block: what the Batcher schedules
+    block: int  # the block's index within the request
+    block_start: int
+    tokens: Tensor  # (S,) int64 on the host: prompt, committed blocks, masks; the block is updated in place
+    params: SamplingParams
+    forwards: int | None  # planned forwards; None: the sampler decides
+    rid: int | None = None  # the scheduler's request id, when `req.id` is a worker-local id
+
+    @property
+    def request_id(self) -> int:
+        return self.req.id if self.rid is None else self.rid
+
+
+def sampling_params(sampling: Sampling, request_id: int) -> SamplingParams:
+    """The sampler's parameters of a request; what it left unset takes the defaults (seed: its id)."""
+    return SamplingParams(
+        threshold=0.9 if sampling.threshold is None else sampling.threshold,
+        temperature=0.0 if sampling.temperature is None else sampling.temperature,
+        seed=request_id if sampling.seed is None else sampling.seed,
+    )
+
+
+def check_work(work: BlockWork) -> str | None:
+    """Why a `BlockWork` cannot be run, or None (the scheduler validated the request already)."""
+    seq_len = work.prompt_len + work.mask_len
+    if work.prompt_len <= 0 or work.mask_len <= 0 or work.mask_len % BLOCK:
+        return f"request {work.request_id}: bad lengths prompt {work.prompt_len} mask {work.mask_len}"
+    if not 0 <= work.block < work.mask_len // BLOCK:
+        return f"request {work.request_id}: block {work.block} outside a mask buffer of {work.mask_len}"
+    if len(work.tokens) != work.prompt_len + BLOCK * work.block or len(work.tokens) > seq_len:
+        return f"request {work.request_id}: {len(work.tokens)} known tokens for block {work.block}"
+    if not 0 <= work.forwards <= BLOCK:
+        return f"request {work.request_id}: {work.forwards} planned forwards"
+    return None
+
+
+class Runner(Protocol):
+    """`ModelRunner` or a drop-in (`GraphedModelRunner`): logits (items, 32, vocab) of one microbatch."""
+
+    def forward(self, items: Sequence[ForwardItem]) -> Tensor: ...
+
+
+class Engine:
+    """The torch side of one worker: turns microbatches into forwards, commits, and reports.
+
+    `jobs` is keyed by the worker-local request id (the local `Request.id`, which is also the page pool's
+    owner id); `Job.request_id` is the scheduler's.
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        model: Transformer,
+        batcher: Batcher,
+        runner: Runner,
+        *,
+        transfers: KVTransfers | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.model = model
+        self.batcher = batcher
+        self.runner = runner
+        self.transfers = transfers
+        self.mask_id = model.config.mask_id
+        self.eos_ids = model.config.eos_ids
+        self.shift = model.config.logit_shift
+        self.device = model.device
+        self.jobs: dict[int, Job] = {}
+        self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
+        self.receiving: dict[tuple[int, int], int] = {}  # (transfer id, attempt) -> local id of the KV
+        self._local_ids = itertools.count()
+        # The batcher, its pool and `jobs` are shared with the gRPC threads (transfer orders) and the link
+        # threads (transfer results), so that transfers never wait for an iteration to end: every change
+        # of them holds this lock; the forward itself runs outside it.
+        self.lock = threading.Lock()
+        self.emit: Callable[[TransferEvent], None] = lambda event: None  # to the report stream
+
+    def admit(self, work: BlockWork) -> None:
+        """Queue one block's prefill with the batcher."""
+        job = self._job(work)
+        with self.lock:
+            self.jobs[job.req.id] = job
+            self.batcher.add_prefill(job.req)
+
+    def _job(self, work: BlockWork) -> Job:
+        seq_len = work.prompt_len + work.mask_len
+        tokens = torch.full((seq_len,), self.mask_id, dtype=torch.long)
+        tokens[: len(work.tokens)] = torch.tensor(work.tokens, dtype=torch.long)
+        forwards = work.forwards or None
+        local = next(self._local_ids)
+        req = Request(local, work.arrival, work.prompt_len, BLOCK, work.mask_len, (forwards or BLOCK,))
+        block_start = work.prompt_len + BLOCK * work.block
+        params = sampling_params(work.sampling, work.request_id)
+        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id)
+
+    # ---- KV transfers (any thread, under the lock) ----------------------------------------------------
+
+    def transfer(self, order: TransferOrder) -> None:
+        """Carry out one order (any thread): a RELEASE, or an order that cannot start, emits its event at
+        once; otherwise the link thread's result comes back through `transfer_done`."""
+        with self.lock:
+            try:
+                if order.kind is TransferKind.RELEASE:
+                    self.emit(self._release(order))
+                    return
+                if self.transfers is None:
+                    raise TransferError(f"worker {self.worker_id} has no KV links (colocated layout)")
+                if order.kind is TransferKind.SEND:
+                    self._send(order)
+                else:
+                    self._receive(order)
+            except (TransferError, ValueError, MemoryError) as err:
+                now = time.monotonic()
+                self.emit(
+                    TransferEvent(order.kind, order.transfer_id, order.attempt, False, str(err), now, now)
+                )
+
+    def _send(self, order: TransferOrder) -> None:
+        assert self.transfers is not None
+        local = self.handed.get((order.request_id, order.block))
+        if local is None:
+            raise TransferError(f"no prefilled KV of request {order.request_id} block {order.block} here")
+        pages = tuple(self.batcher.pool.pages_of(local))
+        self.transfers.send(order.peer, self._transfer_job(order, pages))
+
+    def _receive(self, order: TransferOrder) -> None:
+        assert self.transfers is not None
+        work = order.work
+        if work is None:
+            raise ValueError(f"request {order.request_id}: a receive order without its block")
+        reason = check_work(work)
+        if reason is not None:
+            raise ValueError(reason)
+        if order.pages != pages_for(work.prompt_len + work.mask_len) or len(order.block_tokens) != BLOCK:
+            raise ValueError(
+                f"request {order.request_id}: a transfer order of {order.pages} pages does not fit"
+            )
+        if not 1 <= order.step < BLOCK:
+            raise ValueError(f"request {order.request_id}: cannot resume a block at step {order.step}")
+        pool = self.batcher.pool
+        if not pool.can_allocate(order.pages):
+            raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
+        job = self._job(work)
+        job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(order.block_tokens))
+        job.req.step = order.step
+        pages = tuple(pool.allocate(job.req.id, order.pages))
+        self.jobs[job.req.id] = job
+        self.receiving[order.transfer_id, order.attempt] = job.req.id
+        try:
+            self.transfers.receive(order.peer, self._transfer_job(order, pages))
+        except TransferError:
+            self._drop(job.req.id)
+            del self.receiving[order.transfer_id, order.attempt]
+            raise
+
+    @staticmethod
+    def _transfer_job(order: TransferOrder, pages: tuple[int, ...]) -> TransferJob:
+        return TransferJob(
+            order.transfer_id, order.attempt, order.request_id, order.tag, order.generation, pages
+        )
+
+    def _release(self, order: TransferOrder) -> TransferEvent:
+        local = self.handed.pop((order.request_id, order.block), None)
+        if local is None:
+            raise TransferError(f"no KV of request {order.request_id} block {order.block} to release here")
+        self._drop(local)
+        now = time.monotonic()
+        return TransferEvent(TransferKind.RELEASE, order.transfer_id, order.attempt, True, start=now, end=now)
+
+    def _drop(self, local: int) -> None:
+        """Forget a job that holds pages outside the batcher's queues, and free its pages."""
+        job = self.jobs.pop(local)
+        self.batcher.release(job.req)
+
+    def transfer_done(self, result: TransferResult) -> None:
+        """A link thread finished one end of an attempt: a received block joins the decodes at once.
+
+        The RECEIVE event is emitted before the lock is let go, so it precedes every report of the decode.
+        """
+        job = result.job
+        event = TransferEvent(
+            TransferKind.SEND if result.send else TransferKind.RECEIVE, job.transfer_id, job.attempt,
+            result.ok, result.error, result.start, result.end, result.nbytes,
+        )  # fmt: skip
+        with self.lock:
+            if not result.send:
+                local = self.receiving.pop((job.transfer_id, job.attempt))
+                if result.ok:
+                    self.batcher.add_decode(self.jobs[local].req)
+                else:
+                    self._drop(local)
+            self.emit(event)
+
+    def step(self, on_launch: Callable[[], None] = lambda: None) -> IterationReport | None:
+        """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
+        the iteration's GPU work is queued, before its wait for the results."""
+        with self.lock:  # the start is read under the lock: a block a link thread adds meanwhile is in `mb`
+            start = time.monotonic()
+            mb = self.batcher.next_microbatch(start)
+            if mb.empty:
+                return None
+            decodes = [self.jobs[r.id] for r in mb.decodes]
+            prefills = [self.jobs[r.id] for r in mb.prefills]
+        jobs = decodes + prefills
+        items = [ForwardItem(j.req.id, Phase.DECODE, j.tokens, j.block_start) for j in decodes]
+        items += [ForwardItem(j.req.id, Phase.PREFILL, j.tokens, j.block_start) for j in prefills]
+        steps = [BlockStep(j.params, j.block, j.req.step, j.forwards) for j in jobs]
+        blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
+
+        logits, gpu_s = self._timed_forward(items)
+        committed = unmask(blocks, logits, steps, self.mask_id)
+        on_launch()
+        new_blocks = committed.cpu()
+        gpu_s = gpu_s()
+        done: dict[int, Tensor] = {}
+        for job, new in zip(jobs, new_blocks, strict=True):
+            job.tokens[job.block_start : job.block_start + BLOCK] = new
+            forwards = job.req.step + 1  # including this one
+            if not bool((new == self.mask_id).any()):
+                job.req.steps = (forwards,)
+                done[job.req.id] = new
+            elif forwards >= job.req.steps[0]:  # cannot happen: every forward commits at least one mask
+                log.warning(
+                    "request %d block %d still masked after %d forwards", job.req.id, job.block, forwards
+                )
+                job.req.steps = (forwards + 1,)
+        end = time.monotonic()
+        with self.lock:
+            return self._complete(mb, start, end, items, done, gpu_s)
+
+    def _complete(
+        self,
+        mb: Microbatch,
+        start: float,
+        end: float,
+        items: Sequence[ForwardItem],
+        done: dict[int, Tensor],
+        gpu_s: float,
+    ) -> IterationReport:
+        outcome = self.batcher.complete(mb, end)
+        shapes = tuple(
+            ItemShape(True, item.seq_len, item.seq_len)
+            if item.phase is Phase.PREFILL
+            else ItemShape(False, BLOCK + self.shift, item.seq_len)
+            for item in items
+        )
+        handoffs = {id(r) for r in outcome.handoffs}
+        prefilled = []
+        for req in outcome.prefilled:
+            rec, job = req.blocks[0], self.jobs[req.id]
+            assert rec.prefill_start is not None and rec.prefill_end is not None
+            entry = Prefilled(job.request_id, job.block, rec.prefill_start, rec.prefill_end)
+            if id(req) in handoffs:  # the KV stays here until the scheduler's RELEASE
+                block_tokens = tuple(job.tokens[job.block_start : job.block_start + BLOCK].tolist())
+                entry = replace(entry, handoff=True, block_tokens=block_tokens)
+                self.handed[job.request_id, job.block] = req.id
+            prefilled.append(entry)
+        finished = []
+        for req in outcome.finished:
+            job, rec, tokens = self.jobs.pop(req.id), req.blocks[0], done[req.id]
+            assert rec.end is not None
+            eos = commits_eos(tokens, self.eos_ids)
+            ids = tuple(tokens.tolist())
+            done_block = BlockDone(
+                job.request_id, job.block, ids, req.steps[0], rec.end, eos, rec.decode_start
+            )
+            finished.append(done_block)
+        stats = self._stats(start, end, mb)
+        return IterationReport(stats, gpu_s, shapes, tuple(prefilled), tuple(finished))
+
+    def _timed_forward(self, items: Sequence[ForwardItem]) -> tuple[Tensor, Any]:
+        """Logits, and a callable giving the forward's seconds once the results are on the host."""
+        if self.device.type == "cuda":
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            logits = self.runner.forward(items)
+            finish.record()
+            return logits, lambda: begin.elapsed_time(finish) / 1000.0
+        t0 = time.perf_counter()
+        logits = self.runner.forward(items)
+        seconds = time.perf_counter() - t0
+        return logits, lambda: seconds
+
+    def _stats(self, start: float, end: float, mb: Microbatch) -> IterationStats:
+        return IterationStats(*iteration_row(self.worker_id, start, end, mb))
+
+
+def build_model(name: str, weights: str, device: torch.device, seed: int) -> Transformer:
+    """The served model: the named config with seeded random weights, or a local checkpoint."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if weights != "random":
+        return load_checkpoint(weights, dtype=dtype, device=device)
+    spec = lookup_live_model(name)
+    family = Family(spec.family)
+    config = tiny(family) if spec.tiny else full_size(family)
+    return random_model(config, dtype=dtype, device=device, seed=seed)
+
+
+def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:
+    """The torch backend on CPU; on CUDA FlashInfer (when installed) and decode CUDA graphs."""
+    if model.device.type != "cuda":
+        return ModelRunner(model, cache, TorchAttention())
+    from executor.flashinfer_backend import make_backend, supports, warm_up_kernels
+
+    kv_dtype = cache.layers[0].dtype
+    if supports(model.device, model.dtype):
+        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.head_dim,))
+    backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
+    runner = ModelRunner(model, cache, backend)
+    if not cuda_graphs or not supports(model.device, model.dtype):
+        return runner
+    from executor.cuda_graphs import GraphedModelRunner
+
+    return GraphedModelRunner(runner)  # takes its padding pages from the pool now

@@ -1,0 +1,366 @@
+"""The scheduler's state and decisions, without threads or gRPC: registrations, submissions, the router
+driven by the workers' reports, KV transfers, and the cluster's failure.
+
+`register` and `submit` may be called from any thread (they hold the lock); everything else runs on one
+thread, the scheduler's core thread, in the order events arrived. Work for a worker leaves through
+`send(worker, item)`; clients read each request's `Tracked.state`, a snapshot replaced (never changed) on
+every update, and may wait on `Tracked.changed`, set when it is replaced.
+
+The scheduler keeps each request's token ids (prompt and committed blocks) because every block starts
+with a prefill over the whole sequence, and that prefill may land on any worker (KV is freed at every
+block end). Worker reports bring the 32 ids of each finished block, never whole sequences.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from executor.admission import check_registration, check_submission
+from executor.iteration_log import IterationLog
+from executor.messages import (
+    BlockWork,
+    ClusterStatus,
+    IterationReport,
+    ModelFacts,
+    Registration,
+    ReportBatch,
+    RequestState,
+    RequestStatus,
+    Sampling,
+    Submission,
+    TransferOrder,
+    WorkerState,
+)
+from executor.transfers import Arrived, Effect, Order, Released, Transfers
+from sangam.batcher import Outcome
+from sangam.config import RunConfig
+from sangam.hardware import BLOCK
+from sangam.layout import Layout, parse_mode
+from sangam.request import Request
+from sangam.router import Action, Router, Transfer
+
+TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails
+
+log = logging.getLogger("sangam.scheduler")
+
+Send = Callable[[int, BlockWork | TransferOrder], None]
+
+
+@dataclass(slots=True, eq=False)
+class Tracked:
+    """One submitted request as the scheduler sees it; `state` is the snapshot clients read."""
+
+    id: int
+    arrival: float
+    prompt: list[int]
+    n_blocks: int
+    planned: tuple[int, ...] | None  # forced forwards per block
+    sampling: Sampling
+    req: Request | None = None  # None for a request rejected at Submit
+    handoff_tokens: tuple[int, ...] = ()  # the handed-off block's ids after its prefill
+    generated: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.QUEUED
+    error: str = ""
+    eos: bool = False
+    state: RequestState = field(init=False)
+    changed: threading.Event = field(default_factory=threading.Event)  # set (and replaced) on publish
+
+
+@dataclass(slots=True, eq=False)
+class WorkerInfo:
+    registration: Registration
+    role: str
+    free_pages: int | None = None  # as last reported
+
+
+def block_work(tracked: Tracked, req: Request, block: int) -> BlockWork:
+    """What a worker needs to run `block` of `req`: the whole sequence's ids so far, and its schedule."""
+    return BlockWork(
+        request_id=req.id,
+        arrival=req.arrival,
+        block=block,
+        prompt_len=req.prompt_len,
+        mask_len=req.mask_len,
+        tokens=(*tracked.prompt, *tracked.generated),
+        forwards=tracked.planned[block] if tracked.planned else 0,
+        sampling=tracked.sampling,
+    )
+
+
+class SchedulerState:
+    """Central state and the router; `clock` gives the times the router and the records see."""
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        send: Send,
+        clock: Callable[[], float],
+        mask_len: int,
+        theta: int = 8192,
+        seed: int = 0,
+        stop_at_eos: bool = False,
+        mode: str = "colocated",
+        transfer_attempts: int = TRANSFER_ATTEMPTS,
+        iteration_log: IterationLog | None = None,
+    ) -> None:
+        layout = parse_mode(mode, workers)
+        if layout.num_workers != workers:
+            raise ValueError(f"mode {mode!r} names {layout.num_workers} workers, not {workers}")
+        if mask_len <= 0 or mask_len % BLOCK:
+            raise ValueError(f"mask length must be a positive multiple of {BLOCK}, got {mask_len}")
+        self.layout: Layout = layout
+        self.mask_len = mask_len
+        self.theta = theta
+        self.seed = seed
+        self.stop_at_eos = stop_at_eos
+        self.send = send
+        self.clock = clock
+        self.iteration_log = iteration_log
+        self.transfers = Transfers(transfer_attempts)
+        self.router: Router | None = None  # built once every worker has registered (pages known)
+        self.facts: ModelFacts | None = None
+        self.workers: dict[int, WorkerInfo] = {}
+        self.failure = ""
+        self.tracked: dict[int, Tracked] = {}
+        self.records: list[Request] = []  # finished requests
+        self.first_arrival: float | None = None
+        self.submitted = self.done = self.errors = self.iterations = 0
+        self._active: dict[int, Tracked] = {}  # core thread only
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # ids, arrivals and registrations
+
+    @property
+    def complete(self) -> bool:
+        """Every worker has registered: requests can be placed."""
+        return self.router is not None
+
+    # ---- any thread ------------------------------------------------------------------------------------
+
+    def register(self, reg: Registration) -> str | None:
+        """Add a worker (a repeated registration of the same process is accepted again); why not, or None."""
+        with self._lock:
+            if self.failure:
+                return f"the cluster has failed: {self.failure}"
+            old = self.workers.get(reg.worker_id)
+            if old is not None:
+                same = (old.registration.address, old.registration.pid) == (reg.address, reg.pid)
+                return None if same else f"worker {reg.worker_id} is already registered"
+            error = check_registration(reg, self.layout, (w.registration for w in self.workers.values()))
+            if error is not None:
+                return error
+            role = self.layout.roles[reg.worker_id].value
+            self.workers[reg.worker_id] = WorkerInfo(reg, role)
+            if len(self.workers) == self.layout.num_workers:
+                pages = min(w.registration.pages for w in self.workers.values())
+                self.facts = ModelFacts(reg.vocab, reg.mask_id, reg.eos_ids, pages, reg.model)
+                rng = RunConfig(gpus=self.layout.num_workers, theta=self.theta, seed=self.seed).rng("router")
+                self.router = Router(self.layout, pages, rng, self.theta)
+        log.info("worker %d registered at %s (%s)", reg.worker_id, reg.address, reg.device)
+        return None
+
+    def submit(self, sub: Submission) -> Tracked:
+        """Record one request, accepted or (with the reason) not; the caller checked `complete` first.
+        An accepted one still needs `on_arrival` on the core thread."""
+        assert self.facts is not None
+        reason = check_submission(sub, self.facts, self.mask_len)
+        n_blocks = sub.gen_len // BLOCK if reason is None else 0
+        planned = sub.forwards or None
+        with self._lock:
+            rid, arrival = next(self._ids), self.clock()
+            if self.first_arrival is None and reason is None:
+                self.first_arrival = arrival
+            prompt = list(sub.prompt) if reason is None else []
+            tracked = Tracked(rid, arrival, prompt, n_blocks, planned, sub.sampling)
+            self.tracked[rid] = tracked
+            self.submitted += 1
+            if reason is not None:
+                tracked.status, tracked.error = RequestStatus.ERROR, reason
+                self.errors += 1
+            else:
+                steps = planned or (BLOCK,) * n_blocks
+                tracked.req = Request(rid, arrival, len(prompt), sub.gen_len, self.mask_len, steps)
+            self._publish(tracked)
+        return tracked
+
+    def poll(self, rid: int) -> RequestState:
+        tracked = self.tracked.get(rid)
+        if tracked is None:
+            return RequestState(rid, RequestStatus.NOT_FOUND, f"no request {rid}")
+        return tracked.state
+
+    def status(self) -> ClusterStatus:
+        router = self.router
+        workers = []
+        for wid in sorted(self.workers):
+            info = self.workers[wid]
+            pages = info.registration.pages
+            free = pages if info.free_pages is None else info.free_pages
+            tally = (router.free[wid], router.outstanding[wid]) if router is not None else (0, 0)
+            workers.append(WorkerState(wid, info.role, pages, free, *tally))
+        return ClusterStatus(
+            ready=self.complete and not self.failure,
+            workers_expected=self.layout.num_workers,
+            workers_registered=len(self.workers),
+            submitted=self.submitted,
+            done=self.done,
+            errors=self.errors,
+            iterations=self.iterations,
+            failure=self.failure,
+            mask_len=self.mask_len,
+            layout=self.layout.name,
+            transfers_done=self.transfers.done,
+            transfers_failed=self.transfers.failed,
+            transfer_retries=self.transfers.retries,
+            transfers_in_flight=self.transfers.in_flight,
+            first_arrival=self.first_arrival or 0.0,
+            workers=tuple(workers),
+            facts=self.facts,
+        )
+
+    # ---- core thread -----------------------------------------------------------------------------------
+
+    def on_arrival(self, tracked: Tracked) -> None:
+        if self.failure:
+            self._error(tracked, self.failure)
+            return
+        assert self.router is not None and tracked.req is not None
+        self._active[tracked.id] = tracked
+        self._apply(self.router.on_arrival(self.clock(), tracked.req))
+
+    def on_batch(self, batch: ReportBatch) -> None:
+        """One worker's report batch: its transfer events first, then its iterations."""
+        info = self.workers.get(batch.worker_id)
+        if info is not None and batch.free_pages is not None:
+            info.free_pages = batch.free_pages
+        if not self.failure:
+            for event in batch.transfers:
+                self._on_effects(self.transfers.on_event(batch.worker_id, event))
+        self.iterations += len(batch.iterations)
+        if self.iteration_log is not None:
+            self.iteration_log.write(batch.iterations, self.first_arrival or 0.0)
+        if self.failure:
+            return
+        for report in batch.iterations:
+            self._on_report(batch.worker_id, report)
+
+    def fail(self, reason: str) -> bool:
+        """The cluster cannot go on: every unfinished request ends with ERROR and this reason. False if it
+        had failed already."""
+        if self.failure:
+            return False
+        self.failure = reason
+        log.error("%s", reason)
+        for tracked in self._active.values():
+            self._error(tracked, reason)
+        self._active.clear()
+        return True
+
+    def _on_report(self, worker: int, report: IterationReport) -> None:
+        assert self.router is not None
+        prefilled, handoffs, finished = [], [], []
+        for entry in report.prefilled:
+            tracked = self._current(entry.request_id, entry.block, worker)
+            if tracked is not None and tracked.req is not None:
+                rec = tracked.req.record
+                rec.prefill_start, rec.prefill_end = entry.prefill_start, entry.prefill_end
+                prefilled.append(tracked.req)
+                if entry.handoff:
+                    tracked.handoff_tokens = entry.block_tokens
+                    handoffs.append(tracked.req)
+        for done in report.finished:
+            tracked = self._current(done.request_id, done.block, worker)
+            if tracked is None or tracked.req is None:
+                continue
+            req, block = tracked.req, done.block
+            rec = req.record
+            if done.decode_start is not None:
+                rec.decode_start, rec.decode_worker = done.decode_start, worker
+            req.steps = (*req.steps[:block], done.forwards, *req.steps[block + 1 :])
+            tracked.generated.extend(done.tokens)
+            if done.eos and self.stop_at_eos and tracked.planned is None and block + 1 < req.n_blocks:
+                req.output_len, req.steps, tracked.eos = BLOCK * (block + 1), req.steps[: block + 1], True
+            req.end_block(done.end)
+            finished.append(req)
+            if req.finished:
+                tracked.status, tracked.prompt = RequestStatus.DONE, []  # the prompt is not needed any more
+                self.records.append(req)
+                del self._active[tracked.id]
+                self.done += 1
+            self._publish(tracked)
+        if prefilled or finished:
+            outcome = Outcome(tuple(prefilled), tuple(handoffs), tuple(finished))
+            self._apply(self.router.on_iteration(self.clock(), worker, outcome))
+
+    def _current(self, rid: int, block: int, worker: int) -> Tracked | None:
+        """The active request a report entry is about, or None (and a warning) if it is stale."""
+        tracked = self._active.get(rid)
+        if tracked is None or tracked.req is None or tracked.req.block != block:
+            log.warning("worker %d reported stale block %d of request %d", worker, block, rid)
+            return None
+        return tracked
+
+    def _apply(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            req = action.req
+            tracked = self._active[req.id]
+            if isinstance(action, Transfer):
+                work = block_work(tracked, req, req.block)
+                effects = self.transfers.start(
+                    self.clock(), req, action.src, action.dst, work, tracked.handoff_tokens
+                )
+                self._on_effects(effects)
+                continue
+            self.send(action.worker, block_work(tracked, req, req.block))
+            if tracked.status is RequestStatus.QUEUED:
+                tracked.status = RequestStatus.RUNNING
+                self._publish(tracked)
+
+    def _on_effects(self, effects: Sequence[Effect]) -> None:
+        assert self.router is not None
+        for effect in effects:
+            if isinstance(effect, Order):
+                self.send(effect.worker, effect.order)
+                continue
+            transfer = effect.transfer
+            if isinstance(effect, Arrived):
+                rec = transfer.req.blocks[transfer.block]
+                rec.transfer_start, rec.transfer_end = effect.start, effect.end
+            elif isinstance(effect, Released):
+                self._apply(self.router.on_transfer_done(self.clock(), transfer.req, transfer.src))
+            else:
+                tracked = self._active.pop(transfer.req.id, None)
+                if tracked is not None:
+                    self._error(tracked, effect.reason)
+                # the destination freed its pages when its receive failed
+                self._apply(self.router.on_transfer_failed(self.clock(), transfer.req, transfer.dst))
+
+    def _error(self, tracked: Tracked, reason: str) -> None:
+        with self._lock:
+            tracked.status, tracked.error, tracked.prompt = RequestStatus.ERROR, reason, []
+            self.errors += 1
+        self._publish(tracked)
+
+    @staticmethod
+    def _publish(t: Tracked) -> None:
+        """Replace the request's client-visible snapshot (never mutated once published)."""
+        req = t.req
+        end = req.blocks[-1].end if req is not None and req.finished else None
+        t.state = RequestState(
+            request_id=t.id,
+            status=t.status,
+            error=t.error,
+            token_ids=tuple(t.generated),
+            blocks_done=req.block if req is not None else 0,
+            n_blocks=req.n_blocks if req is not None else t.n_blocks,
+            eos=t.eos,
+            arrival=t.arrival,
+            end=end or 0.0,
+            forwards=tuple(req.steps[: req.block]) if req is not None else (),
+        )  # before the swap: a stream that sees the new event sees this state
+        changed, t.changed = t.changed, threading.Event()
+        changed.set()  # wakes only this request's streams

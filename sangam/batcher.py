@@ -107,6 +107,7 @@ class Batcher:
         self._waiting: list[tuple[float, int, Request]] = []
         self._ready: deque[Request] = deque()  # prefilled, holding pages, waiting for a decode seat
         self._run_head: tuple[int, bool] | None = None  # head prefill (length, lacks pages) of a run
+        self._dropped: set[int] = set()  # ids dropped since the last microbatch was formed
 
     @property
     def num_waiting(self) -> int:
@@ -133,8 +134,28 @@ class Batcher:
         """Free a handed-off request's pages once its KV has left."""
         self.pool.release(req.id)
 
+    def drop(self, req: Request) -> None:
+        """Forget `req` here: its waiting prefill, its decode (seated or not) and its pages. If it is
+        in the microbatch in flight, `complete` leaves it out: that work is lost."""
+        waiting = self._waiting
+        for i, entry in enumerate(waiting):
+            if entry[2] is req:
+                waiting[i] = waiting[-1]
+                waiting.pop()
+                heapq.heapify(waiting)
+                break
+        if req in self._ready:
+            self._ready.remove(req)
+        if req in self.decodes:
+            self.decodes = tuple(r for r in self.decodes if r is not req)
+        if self.pool.holds(req.id):
+            self.pool.release(req.id)
+        self._dropped.add(req.id)
+
     def next_microbatch(self, now: float) -> Microbatch:
         """Form this iteration's microbatch at time `now`."""
+        if self._dropped:
+            self._dropped.clear()
         if self._ready:
             self._seat_ready(now)
         if self._waiting and not (self._one_only and self.decodes):
@@ -146,7 +167,10 @@ class Batcher:
     def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
         """Apply `forwards` iterations of `mb` (more than one only within `run_length(mb)`),
         the last ending at `now`."""
-        prefills = mb.prefills
+        prefills, decodes = mb.prefills, mb.decodes
+        if self._dropped:  # dropped while in flight: their work is lost
+            prefills = tuple(r for r in prefills if r.id not in self._dropped)
+            decodes = tuple(r for r in decodes if r.id not in self._dropped)
         handoffs: list[Request] = []
         finished: list[Request] = []
         for req in prefills:
@@ -162,7 +186,7 @@ class Batcher:
         if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
             self.deficit = self.repeated(mb, forwards)[-1].deficit_after
         ended = []
-        for req in mb.decodes:  # hot path: inlined rather than a method call per decode
+        for req in decodes:  # hot path: inlined rather than a method call per decode
             req.step += forwards
             if req.step >= req.steps[req.block]:
                 ended.append(req)

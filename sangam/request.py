@@ -42,6 +42,7 @@ class Request:
     block: int = 0
     step: int = 0  # forwards done in the current block
     blocks: list[BlockRecord] = field(default_factory=list)
+    error: str | None = None  # why it could not be served (it ends with status ERROR), else None
     seq_len: int = field(init=False)  # S: the tokens every prefill of this request runs over
     pages: int = field(init=False)  # KV pages a block holds
     record: BlockRecord = field(init=False)  # the current block's record (the last one once finished)

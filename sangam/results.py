@@ -2,7 +2,9 @@
 
 `requests.csv`: one row per request with its latency breakdown in seconds;
 `blocks.csv`: one row per block with every timestamp and placement;
-`summary.json`: the resolved config and vLLM-style keys (`mean_e2el_ms`, `p99_e2el_ms`, ...).
+`summary.json`: the resolved config and vLLM-style keys (`mean_e2el_ms`, `p99_e2el_ms`, ...), and
+with worker failures what recovery did (`workers_lost`, `requests_recovered`, `forwards_redone`,
+`requests_failed`). The tables hold the requests that completed.
 
 A block's time splits exactly into prefill_queue (ready -> prefill start), prefill,
 decode_queue (waiting for decode pages, then for a decode seat), transfer and decode, so
@@ -12,10 +14,12 @@ the parts of a request sum to its end-to-end latency.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import operator
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,16 @@ ITERATION_COLUMNS = (
     "worker", "start", "end", "n_decodes", "decode_tokens", "n_prefills", "prefill_tokens",
     "waiting_prefills", "deficit_before", "budget", "deficit_after", "memory_blocked",
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryCounts:
+    """What worker failures cost a run (the router's tallies)."""
+
+    workers_lost: int = 0
+    requests_recovered: int = 0  # requests that a lost worker sent back to routing
+    forwards_redone: int = 0  # forwards of restarted blocks that had already run
+    requests_failed: int = 0  # requests that ended with ERROR: the layout could no longer serve them
 
 
 def block_parts(rec: BlockRecord) -> tuple[float, ...]:
@@ -98,12 +112,17 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[str, Any]:
+def summarize(
+    rows: Sequence[dict[str, Any]], kv_bytes_per_token: int, recovery: RecoveryCounts | None = None
+) -> dict[str, Any]:
     """Throughput and mean/std/median/p90/p99 (ms) of every metric over finished requests, under the
     names `vllm bench serve` writes where the meaning is the same (`failed` counts the run's failures:
-    none unless the driver says otherwise)."""
+    none unless the driver says otherwise), and `recovery`'s counts if given (its failed requests are
+    `failed`)."""
+    counts = dataclasses.asdict(recovery) if recovery is not None else {}
+    failed = recovery.requests_failed if recovery is not None else 0
     if not rows:
-        return {"completed": 0, "failed": 0}
+        return {"completed": 0, "failed": failed, **counts}
     start = min(r["arrival"] for r in rows)
     duration = max(r["end"] for r in rows) - start
     blocks = sum(r["n_blocks"] for r in rows)
@@ -111,7 +130,7 @@ def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[s
     output_tokens = sum(r["output_len"] for r in rows)
     summary: dict[str, Any] = {
         "completed": len(rows),
-        "failed": 0,
+        "failed": failed,
         "duration": duration,
         "duration_s": duration,
         "total_input_tokens": prompt_tokens,
@@ -130,6 +149,7 @@ def summarize(rows: Sequence[dict[str, Any]], kv_bytes_per_token: int) -> dict[s
             summary[f"{label}_{metric}_ms"] = 1000 * percentile(values, q)
     moved = sum(r["seq_len"] * r["kv_transfers"] for r in rows)
     summary["kv_transferred_gb"] = moved * kv_bytes_per_token / 1e9
+    summary.update(counts)
     return summary
 
 
@@ -154,8 +174,9 @@ def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Sequence[Any] |
 
 
 def write_results(out: Path, requests: Sequence[Request], summary: dict[str, Any]) -> None:
-    """Write requests.csv, blocks.csv and summary.json into directory `out`."""
+    """Write requests.csv, blocks.csv (requests that completed) and summary.json into directory `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "requests.csv", REQUEST_COLUMNS, (request_row(r) for r in requests))
-    write_csv(out / "blocks.csv", BLOCK_COLUMNS, (row for r in requests for row in block_rows(r)))
+    done = [r for r in requests if r.finished]
+    write_csv(out / "requests.csv", REQUEST_COLUMNS, (request_row(r) for r in done))
+    write_csv(out / "blocks.csv", BLOCK_COLUMNS, (row for r in done for row in block_rows(r)))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -14,19 +14,28 @@ prefills there (colocated) or decodes there (after a prefill-pool prefill), no o
 request is placed there, and arrivals wait in FIFO order for a worker to come free. One
 colocated worker is then an M/G/1 FIFO queue. (Claiming up front, not at the first KV
 transfer, means a prefill worker's pages never wait on a decode worker that waits on them.)
+
+Recovery: the router keeps each placed block's books (stage, worker, transfer destination),
+so that when a worker is lost every request it held goes back to routing at its current
+block, which restarts from its prefill (only token ids of ended blocks persist, so that
+loses nothing else), and the other end of its work is told to `Drop` it. A layout left
+without a worker for some stage (no colocated worker; no prefill or no decode worker of
+`<n>P<m>D`; no decode-role worker of `<n>P<m>C`) cannot serve: its requests end with `Fail`.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 from sangam.batcher import Outcome, Policy
 from sangam.layout import Kind, Layout, Role
-from sangam.request import Request
+from sangam.request import BlockRecord, Request
 
 
 @dataclass(slots=True)  # not frozen (frozen init is slow); never mutated
@@ -46,7 +55,35 @@ class Transfer:
     dst: int
 
 
-Action = Dispatch | Transfer
+@dataclass(slots=True)  # not frozen (frozen init is slow); never mutated
+class Drop:
+    """Forget `req` on `worker`: its queued or running work and its KV pages there (the other end of
+    work that a lost worker took part in; the request has gone back to routing)."""
+
+    req: Request
+    worker: int
+
+
+@dataclass(slots=True)  # not frozen (frozen init is slow); never mutated
+class Fail:
+    """`req` cannot be served any more: it ends with status ERROR and this one-line reason."""
+
+    req: Request
+    reason: str
+
+
+Action = Dispatch | Transfer  # what arrivals, iterations and transfers lead to
+Recovery = Drop | Fail  # what only a lost worker (or a driver giving up) leads to
+
+
+class _Stage(IntEnum):
+    """Where a placed block is, for the books a lost worker must leave."""
+
+    DISPATCHED = 0  # queued or prefilling on `worker`: outstanding tokens (and tallied pages) there
+    PREFILLED = 1  # decoding on `worker`, where it prefilled
+    HANDED = 2  # prefilled on `worker`, KV held there, waiting for decode pages
+    MOVING = 3  # KV moving from `worker` to `dst`: pages held at both ends
+    DECODING = 4  # decoding on `worker`, where its KV was moved
 
 
 class Router:
@@ -64,6 +101,7 @@ class Router:
         if theta <= 0:
             raise ValueError(f"theta must be a positive number of tokens, got {theta}")
         self.layout = layout
+        self.pages = pages
         self.theta = theta
         self.rng = rng
         self._tallies_pages = layout.kind is not Kind.COLOCATED  # colocated workers manage their own
@@ -77,6 +115,28 @@ class Router:
         self.exclusive = policy is Policy.FASTDLLM  # a decode-role worker serves one request at a time
         self.holder: list[int | None] = [None] * len(roles)  # exclusive: the request id holding each worker
         self._held: dict[int, int] = {}  # exclusive: request id -> the worker it holds
+        self._books: dict[
+            int, tuple[Request, _Stage, int, int]
+        ] = {}  # request id -> block, stage, worker, dst
+        self.up = [True] * len(roles)  # the pools above hold only workers that are up
+        self._serving = True  # every stage of the layout has a worker up
+        self.workers_lost = 0
+        self.forwards_redone = 0  # forwards of restarted blocks that had already run
+        self.requests_failed = 0
+        self._recovered: set[int] = set()  # requests a lost worker sent back to routing
+
+    @property
+    def can_serve(self) -> bool:
+        return self._serving
+
+    @property
+    def requests_recovered(self) -> int:
+        return len(self._recovered)
+
+    @property
+    def missing(self) -> str:
+        """What the layout lacks to serve a request, as a phrase; empty if nothing."""
+        return self._missing()
 
     @property
     def num_pending(self) -> int:
@@ -93,11 +153,15 @@ class Router:
 
     def on_iteration(self, now: float, worker: int, outcome: Outcome) -> list[Action]:
         """Worker `worker` finished an iteration: release charges, route what comes next."""
+        books = self._books
         for req in outcome.prefilled:
             self.outstanding[worker] -= req.seq_len
+            books[req.id] = (req, _Stage.PREFILLED, worker, -1)
         for req in outcome.handoffs:
             heapq.heappush(self._decode_ready, (req.arrival, req.id, req, worker))
+            books[req.id] = (req, _Stage.HANDED, worker, -1)
         for req in outcome.finished:
+            del books[req.id]
             if self._tallies_pages:
                 self.free[worker] += req.pages
             if not req.finished:
@@ -109,16 +173,105 @@ class Router:
     def on_transfer_done(self, now: float, req: Request, src: int) -> list[Action]:
         """`req`'s KV has left `src`, whose pages are free again."""
         self.free[src] += req.pages
+        books = self._books.get(req.id)
+        if books is not None and books[1] is _Stage.MOVING:
+            self._books[req.id] = (req, _Stage.DECODING, books[3], -1)
         return self._drain(now)
 
     def on_transfer_failed(self, now: float, req: Request, dst: int) -> list[Action]:
         """`req`'s KV never reached `dst` (the request is given up): its reservation there is void."""
         self.free[dst] += req.pages
+        self._books.pop(req.id, None)
+        self._unhold(req.id)
         return self._drain(now)
+
+    def on_worker_lost(self, now: float, worker: int) -> list[Action | Recovery]:
+        """Worker `worker` is gone with all it held. Each request it held (a queued or running prefill,
+        a decode, a KV transfer in or out, under fastdllm the worker itself) goes back to routing at
+        its current block, which restarts; the surviving end of that block's work gets a `Drop`.
+        If the layout can no longer serve, every unfinished request gets a `Fail` instead."""
+        if not self.up[worker]:
+            raise ValueError(f"worker {worker} is already lost")
+        self._set_up(worker, False)
+        self.workers_lost += 1
+        held = self._held
+        hit = [b for b in self._books.values() if worker in (b[2], b[3]) or held.get(b[0].id) == worker]
+        if not self._serving:
+            hit = list(self._books.values())  # none of them can finish
+        out: list[Action | Recovery] = []
+        for req, stage, at, dst in sorted(hit, key=lambda b: (b[0].arrival, b[0].id)):
+            if self._serving:
+                self._recovered.add(req.id)
+                self.forwards_redone += req.step
+            out += self._recall(req, stage, at, dst, worker)
+        for rid in [rid for rid, w in held.items() if w == worker]:  # held between blocks: claim anew
+            self._unhold(rid)
+        if not self._serving:
+            return [*out, *self.give_up(now, f"worker {worker} was lost and {self._missing()}")]
+        return [*out, *self._drain(now)]
+
+    def on_worker_joined(self, now: float, worker: int) -> list[Action]:
+        """Worker `worker` (lost before) is back, empty: it takes work again."""
+        if self.up[worker]:
+            raise ValueError(f"worker {worker} has not been lost")
+        self.outstanding[worker], self.free[worker] = 0, self.pages
+        self._set_up(worker, True)
+        return self._drain(now)
+
+    def give_up(self, now: float, reason: str) -> list[Fail]:
+        """End every request waiting to be routed with ERROR (a driver that knows no lost worker will
+        come back calls this for requests that reach a layout unable to serve)."""
+        out = []
+        while self._pending:
+            req = heapq.heappop(self._pending)[2]
+            req.error = reason
+            self._unhold(req.id)
+            self.requests_failed += 1
+            out.append(Fail(req, reason))
+        return out
+
+    def _recall(self, req: Request, stage: _Stage, at: int, dst: int, lost: int) -> list[Drop]:
+        """Undo a placed block's books, queue it for routing from its prefill; Drops for survivors."""
+        del self._books[req.id]
+        if stage is _Stage.DISPATCHED:
+            self.outstanding[at] -= req.seq_len
+        if self._tallies_pages:
+            self.free[at] += req.pages
+        if stage is _Stage.HANDED:
+            self._decode_ready = [e for e in self._decode_ready if e[2] is not req]
+            heapq.heapify(self._decode_ready)
+        drops = [Drop(req, w) for w in (at, dst) if w != lost and w >= 0]
+        if stage is _Stage.MOVING:
+            self.free[dst] += req.pages
+        if self._held.get(req.id) == lost:
+            self._unhold(req.id)
+        req.step = 0
+        req.record = req.blocks[-1] = BlockRecord(ready=req.record.ready)
+        heapq.heappush(self._pending, (req.arrival, req.id, req))
+        return drops
+
+    def _set_up(self, worker: int, up: bool) -> None:
+        self.up[worker] = up
+        pool = self.prefill_pool if self.layout.roles[worker] is Role.PREFILL else self.decode_pool
+        if up:
+            bisect.insort(pool, worker)
+        else:
+            pool.remove(worker)
+        self._serving = not self._missing()
+
+    def _missing(self) -> str:
+        """What the layout lacks to serve a request; empty if nothing."""
+        kind, name = self.layout.kind, self.layout.name
+        if not self.decode_pool:
+            role = {Kind.COLOCATED: "", Kind.DISAGGREGATED: "decode ", Kind.HYBRID: "colocated "}[kind]
+            return f"{name} has no {role}worker left"
+        if kind is Kind.DISAGGREGATED and not self.prefill_pool:
+            return f"{name} has no prefill worker left"
+        return ""
 
     def _drain(self, now: float) -> list[Action]:
         """Completed prefills first, then new prefills; each queue strictly head-of-line."""
-        if not self._decode_ready and not self._pending:
+        if (not self._decode_ready and not self._pending) or not self._serving:
             return []
         actions: list[Action] = []
         while self._decode_ready:
@@ -129,6 +282,7 @@ class Router:
             heapq.heappop(self._decode_ready)
             self.free[dst] -= req.pages
             req.record.decode_worker = dst
+            self._books[req.id] = (req, _Stage.MOVING, src, dst)
             actions.append(Transfer(req, src, dst))
         while self._pending:
             req = self._pending[0][2]
@@ -140,6 +294,7 @@ class Router:
             heapq.heappop(self._pending)
             worker, overflow = target
             self._charge(worker, req)
+            self._books[req.id] = (req, _Stage.DISPATCHED, worker, -1)
             req.record.dispatch = now
             req.record.prefill_worker = worker
             req.record.overflow = overflow

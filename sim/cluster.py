@@ -10,6 +10,12 @@ result is the same as stepping every iteration.
 Routing is not instantaneous in a live deployment: a block's end reaches the central scheduler in a
 report, and its re-prefill reaches a worker in a message, by which time a busy worker has started its
 next iteration without it. `control_s` charges that delay to every dispatch.
+
+Failures (`Failure(worker, at)`): the worker's process stops where it is, so its iteration in flight
+is lost, and the router's `on_worker_lost` sends its requests back to routing; `Drop` actions make
+the other ends forget their part, `Fail` ends a request. With `restart_after_s` the worker comes back
+that long after, empty (`on_worker_joined`). A dispatch still in its control delay, or a transfer in
+flight, that a loss or a drop overtook is void when it would land.
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import simpy
 
 from sangam.batcher import BatchConfig, Batcher, Microbatch, Outcome
 from sangam.cost import CostModel
+from sangam.faults import Failure
 from sangam.kv import PagePool
 from sangam.layout import Layout, Role
 from sangam.request import Request
 from sangam.results import iteration_row
-from sangam.router import Action, Dispatch, Router, Transfer
+from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
+
+LOST = object()  # the cause of the interrupt that stops a lost worker's process
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +81,13 @@ class SimWorker:
         self.batcher = batcher
         self._idle: simpy.Event | None = None  # set while waiting for work
         self._in_run = False  # inside a multi-iteration decode stretch
+        self.alive = True
         self._process = self.env.process(self._loop())
 
     def wake(self) -> None:
         """New work for this worker: end an idle wait, or cut a decode stretch short."""
+        if not self.alive:
+            return
         if self._idle is not None:
             self._idle.succeed()
             self._idle = None
@@ -83,7 +95,20 @@ class SimWorker:
             self._in_run = False
             self._process.interrupt()
 
+    def kill(self) -> None:
+        """The worker is lost: its process stops where it is, and the iteration in flight with it."""
+        self.alive = False
+        if self._process.is_alive:
+            self._process.interrupt(LOST)
+
     def _loop(self) -> Generator[simpy.Event, Any, None]:
+        try:
+            yield from self._serve()
+        except simpy.Interrupt as stop:
+            if stop.cause is not LOST:
+                raise
+
+    def _serve(self) -> Generator[simpy.Event, Any, None]:
         env, batcher, cluster = self.env, self.batcher, self.cluster
         seconds, timeout, logging = cluster.cost.seconds, env.timeout, cluster.log is not None
         while True:
@@ -99,7 +124,9 @@ class SimWorker:
             try:
                 yield timeout(run * step)
                 self._in_run = False
-            except simpy.Interrupt:  # `wake` during the stretch: stop after the iteration in flight
+            except simpy.Interrupt as cut:  # `wake` during the stretch: stop after the iteration in flight
+                if cut.cause is LOST:
+                    raise
                 run = min(run, max(1, math.ceil((env.now - start) / step)))
                 # work that arrives on a boundary: start + run * step can round a few ulps below now
                 yield timeout(max(0.0, start + run * step - env.now))
@@ -116,8 +143,23 @@ class Cluster:
     """Workers, router and links of one simulated deployment."""
 
     def __init__(
-        self, config: ClusterConfig, cost: CostModel, router: Router, log: list[tuple] | None
+        self,
+        config: ClusterConfig,
+        cost: CostModel,
+        router: Router,
+        log: list[tuple] | None,
+        *,
+        failures: Sequence[Failure] = (),
+        restart_after_s: float | None = None,
     ) -> None:
+        for failure in failures:
+            if failure.worker >= config.layout.num_workers:
+                raise ValueError(
+                    f"cannot fail worker {failure.worker}: {config.layout.name} has workers 0 to "
+                    f"{config.layout.num_workers - 1}"
+                )
+        if restart_after_s is not None and not restart_after_s > 0:
+            raise ValueError(f"the restart delay must be positive, got {restart_after_s}")
         self.env = simpy.Environment()
         self.config = config
         self.cost = cost
@@ -131,6 +173,11 @@ class Cluster:
         self.iterations = 0
         self._blocks_left = 0
         self._all_done = self.env.event()
+        self.failures = sorted(failures, key=lambda f: (f.at, f.worker))
+        self.restart_after_s = restart_after_s
+        self._restarts = 0  # restarts scheduled and not yet done
+        self._controlled: dict[int, Dispatch] = {}  # request id -> its dispatch in the control delay
+        self._moving: dict[int, Transfer] = {}  # request id -> its KV transfer in flight
 
     def _batcher(self, worker: int, role: Role) -> Batcher:
         config = self.config.prefill_batch if role is Role.PREFILL else self.config.batch
@@ -141,6 +188,8 @@ class Cluster:
         self._blocks_left = sum(req.n_blocks for req in requests)
         if requests:
             self.env.process(self._arrivals(requests))
+            for failure in self.failures:
+                self.env.timeout(failure.at).callbacks.append(partial(self._lose, failure.worker))
             self.env.run(until=self._all_done)
         return self.env.now
 
@@ -149,31 +198,67 @@ class Cluster:
             if req.arrival > self.env.now:
                 yield self.env.timeout(req.arrival - self.env.now)
             self._apply(self.router.on_arrival(self.env.now, req))
+            if not self.router.can_serve and not self._restarts:  # and no lost worker comes back
+                self._apply(self.router.give_up(self.env.now, f"{self.router.missing} and none comes back"))
 
     def on_iteration(self, now: float, worker: int, outcome: Outcome) -> None:
         """Tell the router; stop the clock once the last block has ended."""
         self._blocks_left -= len(outcome.finished)
         self._apply(self.router.on_iteration(now, worker, outcome))
+        self._stop_if_done()
+
+    def _stop_if_done(self) -> None:
         if self._blocks_left == 0 and not self._all_done.triggered:
             self._all_done.succeed()
+
+    def _lose(self, worker: int, _: object) -> None:
+        """Failure of `worker` (`_`: its timeout); a worker that is down already stays so."""
+        lost = self.workers[worker]
+        if not lost.alive:
+            return
+        lost.kill()
+        self._controlled = {rid: d for rid, d in self._controlled.items() if d.worker != worker}
+        self._apply(self.router.on_worker_lost(self.env.now, worker))
+        if self.restart_after_s is not None:
+            self._restarts += 1
+            self.env.timeout(self.restart_after_s).callbacks.append(partial(self._rejoin, worker))
+        self._stop_if_done()
+
+    def _rejoin(self, worker: int, _: object) -> None:
+        """`worker` restarted (`_`: its timeout): a fresh process with an empty batcher."""
+        self._restarts -= 1
+        self.workers[worker] = SimWorker(
+            self, worker, self._batcher(worker, self.config.layout.roles[worker])
+        )
+        self._apply(self.router.on_worker_joined(self.env.now, worker))
 
     def log_iterations(self, worker: int, start: float, step: float, iterations: list[Microbatch]) -> None:
         assert self.log is not None
         for i, mb in enumerate(iterations):
             self.log.append(iteration_row(worker, start + i * step, start + (i + 1) * step, mb))
 
-    def _apply(self, actions: list[Action]) -> None:
+    def _apply(self, actions: Sequence[Action | Recovery]) -> None:
         control_s = self.config.control_s
         for action in actions:
-            if not isinstance(action, Dispatch):
+            if isinstance(action, Dispatch):
+                if control_s:
+                    self._controlled[action.req.id] = action
+                    self.env.timeout(control_s).callbacks.append(partial(self._dispatch, action))
+                else:
+                    self._dispatch(action)
+            elif isinstance(action, Transfer):
                 self._transfer(action)
-            elif control_s:
-                self.env.timeout(control_s).callbacks.append(partial(self._dispatch, action))
+            elif isinstance(action, Drop):
+                self._drop(action)
             else:
-                self._dispatch(action)
+                self._fail(action)
 
-    def _dispatch(self, action: Dispatch, _: object = None) -> None:
-        """Queue the prefill on its worker (`_`: the control-delay event, when it comes from one)."""
+    def _dispatch(self, action: Dispatch, event: object = None) -> None:
+        """Queue the prefill on its worker (`event`: the control delay's, when it comes from one)."""
+        if event is not None:
+            if self._controlled.get(action.req.id) is not action:
+                return  # overtaken by a loss or a drop during the delay
+            del self._controlled[action.req.id]
         target = self.workers[action.worker]
         target.batcher.add_prefill(action.req)
         target.wake()
@@ -187,12 +272,32 @@ class Cluster:
         link_free[action.dst] = end
         req.record.transfer_start = start
         req.record.transfer_end = end
+        self._moving[req.id] = action
         self.env.timeout(end - now).callbacks.append(partial(self._transfer_done, action))
 
     def _transfer_done(self, action: Transfer, _: object) -> None:
         """The KV has landed (`_`: the transfer's event): the request decodes on its destination."""
+        if self._moving.get(action.req.id) is not action:
+            return  # an end of it was lost on the way
+        del self._moving[action.req.id]
         req, dst = action.req, self.workers[action.dst]
         self.workers[action.src].batcher.release(req)
         dst.batcher.add_decode(req)
         dst.wake()
         self._apply(self.router.on_transfer_done(self.env.now, req, action.src))
+
+    def _drop(self, action: Drop) -> None:
+        """`action.worker` forgets the request; a dispatch or transfer of it still on its way is void."""
+        req, worker = action.req, action.worker
+        controlled = self._controlled.get(req.id)
+        if controlled is not None and controlled.worker == worker:
+            del self._controlled[req.id]
+        moving = self._moving.get(req.id)
+        if moving is not None and worker in (moving.src, moving.dst):
+            del self._moving[req.id]
+        self.workers[worker].batcher.drop(req)
+        self.workers[worker].wake()  # a decode stretch that counted on it ends after the iteration in flight
+
+    def _fail(self, action: Fail) -> None:
+        self._blocks_left -= action.req.n_blocks - action.req.block
+        self._stop_if_done()

@@ -9,9 +9,10 @@ from typing import Any
 
 from sangam.config import CONTROL_MS, RunConfig, build_requests
 from sangam.cost import CostModel
+from sangam.faults import Failure
 from sangam.progress import ProgressModel
 from sangam.request import Request
-from sangam.results import request_row, summarize
+from sangam.results import RecoveryCounts, request_row, summarize
 from sangam.router import Router
 from sangam.workload import TraceRow
 from sim.cluster import Cluster, ClusterConfig, LinkSpec
@@ -36,10 +37,15 @@ def simulate(
     link: LinkSpec = LinkSpec(),
     control_s: float = CONTROL_MS / 1000,
     log_iterations: bool = False,
+    failures: Sequence[Failure] = (),
+    restart_after_s: float | None = None,
 ) -> SimResult:
-    """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion.
+    """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion, or ends
+    with ERROR (`Request.error`) where failures leave the layout unable to serve it.
 
     `control_s`: the control plane's delay on every dispatch (default: as measured live).
+    `failures`: workers lost at given times (`sangam.faults.parse_failures`); each comes back empty
+    `restart_after_s` after its loss if that is given, else never.
     """
     started = time.perf_counter()
     requests = build_requests(cfg, rows, progress)
@@ -55,9 +61,13 @@ def simulate(
     )
     router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta, policy=cfg.policy)
     log: list[tuple[Any, ...]] | None = [] if log_iterations else None
-    cluster = Cluster(cluster_config, cost, router, log)
+    cluster = Cluster(cluster_config, cost, router, log, failures=failures, restart_after_s=restart_after_s)
     cluster.run(requests)
-    summary = summarize([request_row(r) for r in requests], cfg.model_spec.kv_bytes_per_token)
+    recovery = RecoveryCounts(
+        router.workers_lost, router.requests_recovered, router.forwards_redone, router.requests_failed
+    )
+    done = [request_row(r) for r in requests if r.finished]
+    summary = summarize(done, cfg.model_spec.kv_bytes_per_token, recovery)
     wall = time.perf_counter() - started
     summary.update(sim_wall_s=wall, sim_iterations=cluster.iterations, config=cfg.resolved())
     return SimResult(cfg, requests, summary, log, cluster.iterations, wall)

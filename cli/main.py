@@ -7,9 +7,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import app, live, profile, sim, trace, validate
+from cli import app, live, profile, sim, sweep, trace, validate
 
-COMMANDS = {"sim": sim, "live": live, "trace": trace, "app": app, "profile": profile, "validate": validate}
+COMMANDS = {
+    "sim": sim,
+    "live": live,
+    "trace": trace,
+    "app": app,
+    "profile": profile,
+    "validate": validate,
+    "sweep": sweep,
+}
 
 
 class UsageError(Exception):

@@ -1,0 +1,423 @@
+"""Sweeps over the simulator: a grid of configurations, one cached point per (config, rate, seed).
+
+A point is one resolved `RunConfig` (layout, budget, theta, rate, seed, KV pages made explicit) plus the
+testbed options that price it (`SimOptions`) and the progress model spec. Its cache key is a hash of all
+of that and of the code that computes it (`code_version`: the sources of sangam/, sim/ and profiles/,
+profile data included), so a repeated or interrupted sweep runs only the points it lacks. Points run in a
+local process pool (or in-process with one job); a point's result depends only on its key, so the tidy
+table is the same whatever the number of jobs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sangam.args import positive_int
+from sangam.config import RunConfig, load_progress, workload_points
+from sangam.cost import CostModel
+from sangam.hardware import MODELS
+from sangam.layout import parse_mode
+from sangam.options import option
+from sim.options import SimOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("sangam", "sim", "profiles")  # what a point's numbers depend on
+FIRST_COLUMNS = ("model", "trace", "layout", "budget", "theta", "qps", "seed")  # the grid, then the rest
+HIDDEN = ("mode", "pages", "qps")  # mode is `layout`, pages is `kv_pages`; qps is listed first
+NOT_METRICS = ("config", "kv_link", "cost_model", "sim_wall_s")  # wall time differs run to run
+
+
+def layout_list(text: str) -> list[str]:
+    """`colocated`, `all`, `5P3C` or several of them, comma-separated."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name.lower() != "all":
+            parse_mode(name)
+    return names
+
+
+def int_list(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",") if part]
+
+
+def seed_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+@dataclass(frozen=True, slots=True)
+class GridOptions:
+    """The grid of `sangam sweep` and `sangam search`: every combination of these is a configuration."""
+
+    models: tuple[str, ...] = option(
+        "llada-8b", "modelled models", aliases=("--model",), many=True, choices=MODELS
+    )
+    traces: tuple[str, ...] = option(
+        "sharegpt", "traces: sharegpt, arxiv or .csv/.jsonl files", aliases=("--trace",), many=True
+    )
+    layouts: tuple[str, ...] = option(
+        "colocated", "layouts (as --mode), or all: every <n>P<m>D and <n>P<m>C split of --gpus, colocated",
+        parse=layout_list, aliases=("--mode", "--modes"), many=True,
+    )  # fmt: skip
+    budgets: tuple[int, ...] = option(
+        1024, "tau of colocated and decode-role workers", parse=int_list, aliases=("--budget",), many=True
+    )
+    thetas: tuple[int, ...] = option(
+        8192, "hybrid overflow thresholds", parse=int_list, aliases=("--theta",), many=True
+    )
+    seeds: tuple[int, ...] = option(0, "seeds; every point runs once per seed", parse=seed_list,
+                                    aliases=("--seed",), many=True)  # fmt: skip
+    jobs: int = option(
+        os.cpu_count() or 1, "simulations run at once, in a local process pool (1: in this process)",
+        parse=positive_int, aliases=("-j",), default_text="the number of cores",
+    )  # fmt: skip
+    cache: Path | None = option(
+        None, "keep one result per point here, keyed by its resolved configuration and the code version",
+        parse=Path, metavar="DIR",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in ("models", "traces", "layouts", "budgets", "thetas", "seeds"):  # a bare default: one value
+            value = getattr(self, f)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, f, (value,))
+
+
+def expand_layouts(names: Iterable[str], gpus: int) -> list[str]:
+    """Canonical layout names, `all` expanded (colocated, then every split of `gpus`), each once."""
+    out: list[str] = []
+    for name in names:
+        if name.lower() == "all":
+            splits = [f"{n}P{gpus - n}{kind}" for kind in "DC" for n in range(1, gpus)]
+            expanded = [parse_mode("colocated", gpus).name, *splits]
+        else:
+            expanded = [parse_mode(name, gpus).name]
+        out += [layout for layout in expanded if layout not in out]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One simulation: a resolved config, how it is priced, and its progress model spec."""
+
+    config: RunConfig
+    sim: SimOptions
+    progress: str | None = None
+
+    def resolved(self) -> dict[str, Any]:
+        """Every input of the point, defaults made explicit (JSON-ready)."""
+        cfg = self.config.resolved()
+        cfg["policy"] = str(self.config.policy.value)
+        if not self.config.is_synthetic:
+            cfg["trace_sha256"] = file_digest(Path(self.config.trace))
+        sim = dataclasses.asdict(self.sim)
+        return {**cfg, **{f"sim_{k}": v for k, v in sim.items()}, "progress": self.progress}
+
+    def key(self, code: str) -> str:
+        text = json.dumps({"point": self.resolved(), "code": code}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def grid(
+    base: RunConfig, options: GridOptions, rates: Sequence[float], sim: SimOptions, progress: str | None
+) -> list[Point]:
+    """Every combination of the grid at every rate and seed, KV pages resolved as `sangam sim` does."""
+    points = []
+    for model, trace, budget, theta in itertools.product(
+        options.models, options.traces, options.budgets, options.thetas
+    ):
+        for layout in expand_layouts(options.layouts, base.gpus):
+            for qps, seed in itertools.product(rates, options.seeds):
+                cfg = dataclasses.replace(
+                    base, model=model, trace=trace, mode=layout, gpus=parse_mode(layout).num_workers,
+                    budget=budget, theta=theta, qps=qps, seed=seed,
+                )  # fmt: skip
+                points.append(resolve(Point(cfg, sim, progress)))
+    return points
+
+
+def resolve(point: Point) -> Point:
+    """The point with its KV pages made explicit (the measured profile's, as the live worker has)."""
+    cfg = point.config
+    if cfg.pages is None and point.sim.cost == "profile":
+        pages = _profile_pages(cfg.model, cfg.gpu)
+        if pages is not None:
+            cfg = dataclasses.replace(cfg, pages=pages)
+    return dataclasses.replace(point, config=cfg)
+
+
+@functools.cache
+def _profile_pages(model: str, gpu: str) -> int | None:
+    from profiles.store import load_profile
+
+    profile = load_profile(model, gpu)
+    return profile.kv_pages if profile is not None else None
+
+
+@functools.cache
+def _cost_model(model: str, gpu: str, kind: str) -> tuple[CostModel, str]:
+    from profiles.analytic import AnalyticCostModel
+    from profiles.store import default_cost_model
+    from sangam.hardware import lookup_gpu, lookup_model
+
+    if kind == "profile":
+        cost, name, _ = default_cost_model(model, gpu)
+        return cost, name
+    return AnalyticCostModel(lookup_model(model), lookup_gpu(gpu)), "analytic"
+
+
+def run_point(point: Point) -> dict[str, Any]:
+    """Simulate one point in this process; its summary (as `sangam sim` writes it)."""
+    from sim.run import simulate
+
+    cfg = point.config
+    cost, cost_name = _cost_model(cfg.model, cfg.gpu, point.sim.cost)
+    ((cfg, rows),) = workload_points(cfg, [cfg.qps])
+    result = simulate(
+        cfg,
+        rows,
+        cost,
+        progress=load_progress(point.progress),
+        link=point.sim.link_spec(),
+        control_s=point.sim.control_ms / 1000,
+    )
+    summary = result.summary
+    summary.update(cost_model=cost_name, kv_link=point.sim.kv_link(), control_ms=point.sim.control_ms)
+    return summary
+
+
+@functools.cache
+def code_version(root: Path = ROOT) -> str:
+    """A hash of the sources (and profile data) a point's result depends on; no git needed."""
+    digest = hashlib.sha256()
+    for package in SOURCES:
+        for path in sorted((root / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Cache:
+    """One JSON file per point, `<key>.json`, written atomically when the point finishes."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if self.root is None:
+            return None
+        path = self.root / f"{key}.json"
+        try:
+            summary: dict[str, Any] = json.loads(path.read_text())["summary"]
+        except (OSError, ValueError, KeyError):
+            return None  # absent, or cut short by an interruption: run it again
+        return summary
+
+    def put(self, key: str, point: Point, summary: dict[str, Any]) -> None:
+        if self.root is None:
+            return
+        path = self.root / f"{key}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"point": point.resolved(), "summary": summary}, default=str) + "\n")
+        os.replace(tmp, path)
+
+
+@dataclass(slots=True)
+class Counts:
+    """How many points a call ran and how many it found in the cache."""
+
+    ran: int = 0
+    cached: int = 0
+
+
+Runner = Callable[[Sequence[Point]], Iterator[tuple[int, dict[str, Any]]]]
+
+
+def pool_runner(jobs: int) -> Runner:
+    """Run points `jobs` at a time in fresh processes (spawned: no state of this one leaks in), or in
+    this process with one job; yields (index, summary) as each finishes."""
+
+    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        if jobs == 1 or len(points) <= 1:
+            for i, point in enumerate(points):
+                yield i, run_point(point)
+            return
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(jobs, len(points)), mp_context=context) as pool:
+            futures: dict[Future[dict[str, Any]], int] = {
+                pool.submit(run_point, p): i for i, p in enumerate(points)
+            }
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=futures.__getitem__):
+                    yield futures[future], future.result()
+
+    return run
+
+
+def ray_runner(address: str | None) -> Runner:
+    """Run points as Ray tasks (`address`: a running cluster, None: a local instance)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or None)
+    remote = ray.remote(run_point)
+
+    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        refs = {remote.remote(p): i for i, p in enumerate(points)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                yield refs[ref], ray.get(ref)
+
+    return run
+
+
+def evaluate(
+    points: Sequence[Point], runner: Runner, cache: Cache, counts: Counts | None = None
+) -> list[dict[str, Any]]:
+    """Every point's summary, from the cache or run (and cached as soon as it finishes), in order."""
+    code = code_version()
+    keys = [p.key(code) for p in points]
+    summaries: list[dict[str, Any] | None] = [cache.get(k) for k in keys]
+    missing = [i for i, s in enumerate(summaries) if s is None]
+    if counts is not None:
+        counts.cached += len(points) - len(missing)
+        counts.ran += len(missing)
+    for j, summary in runner([points[i] for i in missing]):
+        i = missing[j]
+        cache.put(keys[i], points[i], summary)
+        summaries[i] = summary
+    return [s for s in summaries if s is not None]
+
+
+def tidy_rows(points: Sequence[Point], summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per point: its resolved configuration, then the summary's metrics; sorted by the
+    configuration so the table does not depend on the order the points finished in."""
+    rows = []
+    for point, summary in zip(points, summaries, strict=True):
+        resolved = point.resolved()
+        config = {c: resolved[c] for c in FIRST_COLUMNS}
+        config.update((k, v) for k, v in resolved.items() if k not in config and k not in HIDDEN)
+        config["cost_model"] = summary.get("cost_model")
+        metrics = {k: v for k, v in summary.items() if k not in NOT_METRICS and _scalar(v)}
+        rows.append({**config, **metrics})
+    return sorted(rows, key=lambda r: tuple(_order(r[c]) for c in (*FIRST_COLUMNS, *r)))
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    return (2, str(value))
+
+
+def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every key of the rows, in first-seen order."""
+    return list(dict.fromkeys(k for r in rows for k in r))
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """`sweep.csv` (always) and `sweep.parquet` (when pyarrow is importable) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = columns(rows)
+    path = out / "sweep.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(names)
+        for row in rows:
+            writer.writerow(["" if row.get(c) is None else _cell(row[c]) for c in names])
+    written = [path]
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return written
+    table = pa.Table.from_pylist([{c: row.get(c) for c in names} for row in rows])
+    pq.write_table(table, out / "sweep.parquet")
+    return [*written, out / "sweep.parquet"]
+
+
+def _cell(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def plot_latency(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per (model, trace): mean and p99 end-to-end latency (s, averaged over seeds) against QPS,
+    a line per layout (and budget and theta where the sweep varies them). None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    varied = [c for c in ("budget", "theta") if len({r[c] for r in rows}) > 1]
+    written = []
+    for (model, trace), group in _groups(rows, ("model", "trace")).items():
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+        for line, members in _groups(group, ("layout", *varied)).items():
+            label = " ".join(
+                f"{c}={v}" if c != "layout" else str(v)
+                for c, v in zip(("layout", *varied), line, strict=True)
+            )
+            by_rate = _groups(members, ("qps",))
+            rates = sorted(q for (q,) in by_rate)
+            for ax, key in zip(axes, ("mean_e2el_ms", "p99_e2el_ms"), strict=True):
+                values = [_mean(r[key] for r in by_rate[(q,)]) / 1000 for q in rates]
+                ax.plot(rates, values, marker="o", label=label)
+        for ax, what in zip(axes, ("mean", "p99"), strict=True):
+            ax.set(xlabel="QPS (requests/s)", ylabel=f"{what} end-to-end latency (s)", title=what)
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize="small")
+        fig.suptitle(f"{model} on {Path(str(trace)).name}")
+        fig.tight_layout()
+        path = out / f"latency-{model}-{_slug(str(trace))}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _groups(
+    rows: Iterable[dict[str, Any]], keys: Sequence[str]
+) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items) if items else math.nan
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(text).stem)

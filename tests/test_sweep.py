@@ -1,0 +1,113 @@
+"""`sangam sweep`: the tidy table, the per-point cache (hits and resumption) and identical tables
+whatever the number of jobs."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from sim.sweep import FIRST_COLUMNS, expand_layouts
+
+GRID = ["--gpus", "2", "--layouts", "2C", "1P1C", "--num-requests", "20", "--cost", "analytic"]
+
+
+def sweep(out: Path, *extra: str, qps: tuple[str, ...] = ("1", "4"), jobs: str = "1") -> tuple[int, int]:
+    """Run a sweep into `out`; (points run, points from the cache) as it printed them."""
+    import io
+    from contextlib import redirect_stdout
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert main(["sweep", *GRID, "--qps", *qps, "--jobs", jobs, "--out", str(out), *extra]) == 0
+    m = re.search(r"(\d+) run, (\d+) from the cache", printed.getvalue())
+    assert m, printed.getvalue()
+    return int(m[1]), int(m[2])
+
+
+def read(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sweep") / "one"
+    assert sweep(out) == (4, 0)
+    return out
+
+
+def test_table_is_tidy_one_row_per_point_config_then_metrics(first: Path) -> None:
+    rows = read(first / "sweep.csv")
+    header = next(csv.reader((first / "sweep.csv").open()))
+    assert tuple(header[: len(FIRST_COLUMNS)]) == FIRST_COLUMNS
+    assert header.index("kv_pages") < header.index("completed") < header.index("p99_e2el_ms")
+    assert "sim_wall_s" not in header  # differs run to run
+    assert [(r["layout"], r["qps"]) for r in rows] == [("1P1C", "1.0"), ("1P1C", "4.0"), ("2C", "1.0"),
+                                                       ("2C", "4.0")]  # fmt: skip
+    assert {r["completed"] for r in rows} == {"20"} and {r["seed"] for r in rows} == {"0"}
+    for layout in ("1P1C", "2C"):  # more load, more latency
+        low, high = (r for r in rows if r["layout"] == layout)
+        assert float(high["mean_e2el_ms"]) > float(low["mean_e2el_ms"]) > 0
+    assert (first / "sweep.parquet").exists() == _has("pyarrow")
+    assert (first / "latency-llada-8b-sharegpt.png").exists() == _has("matplotlib")
+
+
+def test_a_repeated_sweep_runs_no_point_and_writes_the_same_table(first: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    assert sweep(again, "--cache", str(first / "cache")) == (0, 4)
+    assert (again / "sweep.csv").read_bytes() == (first / "sweep.csv").read_bytes()
+
+
+def test_an_interrupted_sweep_runs_only_the_missing_points(tmp_path: Path, first: Path) -> None:
+    cache = tmp_path / "cache"
+    assert sweep(tmp_path / "part", "--cache", str(cache), qps=("4",)) == (2, 0)  # half the points
+    cut = sorted(cache.glob("*.json"))[0]  # a file an interruption left half written
+    cut.write_text(cut.read_text()[:100])
+    assert sweep(tmp_path / "all", "--cache", str(cache)) == (3, 1)
+    assert (tmp_path / "all" / "sweep.csv").read_bytes() == (first / "sweep.csv").read_bytes()
+    assert sweep(tmp_path / "all", "--cache", str(cache), "--budgets", "512") == (4, 0)  # a new config
+
+
+def test_two_jobs_write_the_table_one_job_writes(first: Path, tmp_path: Path) -> None:
+    assert sweep(tmp_path / "two", jobs="2") == (4, 0)
+    assert (tmp_path / "two" / "sweep.csv").read_bytes() == (first / "sweep.csv").read_bytes()
+
+
+def test_all_layouts_are_colocated_then_every_split() -> None:
+    assert expand_layouts(["all"], 3) == ["3C", "1P2D", "2P1D", "1P2C", "2P1C"]
+    assert expand_layouts(["colocated", "8c", "5p3c", "all"], 8)[:3] == ["8C", "5P3C", "1P7D"]
+    assert len(expand_layouts(["all"], 8)) == 15
+
+
+def test_bad_layout_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["sweep", "--layouts", "5X", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sangam: error:") and "5X" in err and err.count("\n") == 1
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_the_cache_key_is_the_resolved_config_and_the_code_version() -> None:
+    import dataclasses
+
+    from sangam.config import RunConfig
+    from sim.options import SimOptions
+    from sim.sweep import Point
+
+    point = Point(RunConfig(), SimOptions())
+    assert point.key("v1") == Point(RunConfig(mode="colocated", gpus=8), SimOptions()).key("v1")
+    others = [
+        point.key("v2"),
+        dataclasses.replace(point, config=RunConfig(theta=4096)).key("v1"),
+        dataclasses.replace(point, sim=SimOptions(control_ms=0)).key("v1"),
+        dataclasses.replace(point, progress="fixed:4").key("v1"),
+    ]
+    assert len({point.key("v1"), *others}) == 5

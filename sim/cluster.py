@@ -81,6 +81,7 @@ class SimWorker:
         self.batcher = batcher
         self._idle: simpy.Event | None = None  # set while waiting for work
         self._in_run = False  # inside a multi-iteration decode stretch
+        self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
         self.alive = True
         self._process = self.env.process(self._loop())
 
@@ -96,8 +97,17 @@ class SimWorker:
             self._process.interrupt()
 
     def kill(self) -> None:
-        """The worker is lost: its process stops where it is, and the iteration in flight with it."""
+        """The worker is lost: its process stops where it is, and the iteration in flight with it.
+        Iterations of a decode stretch that ended before it still count (no block ends inside one)."""
         self.alive = False
+        if self._flight is not None:
+            start, step, mb, run = self._flight
+            done = min(run - 1, int((self.env.now - start) / step))
+            if done > 0:
+                self.batcher.complete(mb, start + done * step, done)
+                self.cluster.iterations += done
+                if self.cluster.log is not None:
+                    self.cluster.log_iterations(self.id, start, step, self.batcher.repeated(mb, done))
         if self._process.is_alive:
             self._process.interrupt(LOST)
 
@@ -121,6 +131,7 @@ class SimWorker:
             step = seconds(mb)
             run = batcher.run_length(mb)
             self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
+            self._flight = (start, step, mb, run)
             try:
                 yield timeout(run * step)
                 self._in_run = False
@@ -128,8 +139,10 @@ class SimWorker:
                 if cut.cause is LOST:
                     raise
                 run = min(run, max(1, math.ceil((env.now - start) / step)))
+                self._flight = (start, step, mb, run)
                 # work that arrives on a boundary: start + run * step can round a few ulps below now
                 yield timeout(max(0.0, start + run * step - env.now))
+            self._flight = None
             cluster.iterations += run
             if logging:
                 cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))

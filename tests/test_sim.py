@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from sangam.batcher import BatchConfig, Batcher, Microbatch, Policy
 from sangam.config import RunConfig, synthetic_rows
+from sangam.faults import Failure
 from sangam.layout import Role, parse_mode
 from sangam.request import Request
 from sangam.results import ITERATION_COLUMNS
@@ -48,12 +50,14 @@ def run_cluster(
     control_s: float = 0.0,
     seed: int = 0,
     policy: Policy = Policy.DEFICIT,
+    failures: Sequence[Failure] = (),
+    restart_after_s: float | None = None,
 ) -> Cluster:
     layout = parse_mode(mode)
     batch, prefill_batch = BatchConfig(policy, budget), BatchConfig(policy, prefill_budget)
     config = ClusterConfig(layout, batch, prefill_batch, theta, pages, 1, link, control_s)
     router = Router(layout, pages, random.Random(seed), theta, policy=policy)
-    cluster = Cluster(config, cost, router, [])
+    cluster = Cluster(config, cost, router, [], failures=failures, restart_after_s=restart_after_s)
     cluster.run(requests)
     return cluster
 

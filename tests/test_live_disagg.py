@@ -13,7 +13,6 @@ import pytest
 from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
 from cli.live import run as run_live
-from executor.kv_transfer import fit_link, recorded_command
 from executor.launcher import (
     ClusterSpec,
     LocalCluster,
@@ -23,6 +22,7 @@ from executor.launcher import (
     resolve_transport,
 )
 from executor.live import page_leaks, rebuild
+from profiles.link_fit import fit_link, recorded_command
 from sangam.config import RunConfig, with_arrival_times
 from sangam.hardware import lookup_model
 from sangam.layout import Role, parse_mode
@@ -171,7 +171,7 @@ def test_link_fit_recovers_latency_and_bandwidth() -> None:
 
 def test_a_profile_records_its_command_without_the_measuring_machines_paths() -> None:
     argv = ["measure", "--name", "x", "--out", "/some/dir", "--note", "two words", "--out=/elsewhere"]
-    assert recorded_command(argv) == "python -m executor.kv_transfer measure --name x --note 'two words'"
+    assert recorded_command(argv) == "python -m profiles.link_fit measure --name x --note 'two words'"
     for path in LINKS_DIR.glob("*.json"):
         assert " /" not in json.loads(path.read_text())["command"]  # no absolute path
 

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = collect(LiveOptions, args)
     given = args.num_requests is not None
-    base = collect(RunConfig, args, qps=RunConfig().qps, num_requests=args.num_requests or LIVE_NUM_REQUESTS)
+    # --gpus and --model are LiveOptions' here: plan_run resolves the config's from them
+    placeholders = {"gpus": 1, "model": RunConfig().model, "qps": RunConfig().qps}
+    base = collect(RunConfig, args, num_requests=args.num_requests or LIVE_NUM_REQUESTS, **placeholders)
     plan = plan_run(base, options, requests_given=given)
     return run_live(plan, options, collect(RunFiles, args), listed(args, "qps", base.qps))

@@ -26,7 +26,8 @@ COLUMNS = (  # header (two lines), cell
 
 def caption(cfg: dict[str, Any]) -> str:
     devices = cfg.get("devices")  # live runs: what the workers ran on
-    where = cfg["gpu"] if not devices or devices[0] != "cpu" else f"{len(devices)} CPU workers"
+    cpus = f"{len(devices)} CPU worker{'s' if len(devices) > 1 else ''}" if devices else ""
+    where = cfg["gpu"] if not devices or devices[0] != "cpu" else cpus
     model = cfg.get("live_model", cfg["model"])
     return (
         f"{cfg['layout']}  {model} on {where}  trace {cfg['trace']}  policy {cfg['policy']}  "

@@ -256,7 +256,7 @@ def test_no_process_outlives_the_launcher(tmp_path: Path, case: str, workers: in
     argv = ["--workers", str(workers), "--mask-len", "64", "--log-dir", str(tmp_path / "logs")]
     argv += ["--serve", "--port", "0"] if serve else ["--trace", str(trace), "--num-requests", "400"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "executor.live", *argv],
+        [sys.executable, "-m", "cli.main", "live", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -291,7 +291,7 @@ def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
     argv = ["--workers", "1", "--mask-len", mask, "--trace", str(trace), "--num-requests", str(requests)]
     argv += [] if requests > 100 else ["--progress", "fixed:32"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "executor.live", *argv, "--log-dir", str(tmp_path / "logs")],
+        [sys.executable, "-m", "cli.main", "live", *argv, "--log-dir", str(tmp_path / "logs")],
         stderr=subprocess.PIPE,
         text=True,
         env=subprocess_env(),

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import app, live, profile, sim, sweep, trace, validate
+from cli import app, live, profile, search, sim, sweep, trace, validate
 
 COMMANDS = {
     "sim": sim,
@@ -17,6 +17,7 @@ COMMANDS = {
     "profile": profile,
     "validate": validate,
     "sweep": sweep,
+    "search": search,
 }
 
 

@@ -17,14 +17,10 @@ FIXED = ("gpu", "gpus", "num_requests", "arrival_cv", "mask_len", "prefill_budge
 
 @dataclass(frozen=True, slots=True)
 class SweepOptions:
-    """Where `sangam sweep` writes, and which engine runs its points."""
+    """Where `sangam sweep` writes."""
 
     out: Path = option(Path("sweep"), "write sweep.csv (and .parquet), the plots and the cache here",
                        parse=Path, metavar="DIR")  # fmt: skip
-    ray: str | None = option(
-        None, "run the points as Ray tasks: a cluster's address, or 'local' for a local instance",
-        metavar="ADDRESS",
-    )  # fmt: skip
 
 
 def add_grid(parser: argparse.ArgumentParser) -> None:
@@ -47,17 +43,19 @@ def add_parser(commands: Any, name: str) -> None:
     add_options(parser, SweepOptions)
 
 
-def runner(grid: Any, ray: str | None) -> Any:
-    from sim.sweep import pool_runner, ray_runner
-
-    if ray is None:
-        return pool_runner(grid.jobs)
-    return ray_runner(None if ray == "local" else ray)
-
-
 def run(args: argparse.Namespace) -> int:
     from sim.options import SimOptions
-    from sim.sweep import Cache, Counts, GridOptions, evaluate, grid, plot_latency, tidy_rows, write_table
+    from sim.sweep import (
+        Cache,
+        Counts,
+        GridOptions,
+        evaluate,
+        grid,
+        plot_latency,
+        pool_runner,
+        tidy_rows,
+        write_table,
+    )
 
     options = collect(SweepOptions, args)
     grid_options = collect(GridOptions, args)
@@ -67,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cache = Cache(grid_options.cache or options.out / "cache")
     counts = Counts()
     started = time.perf_counter()
-    summaries = evaluate(points, runner(grid_options, options.ray), cache, counts)
+    summaries = evaluate(points, pool_runner(grid_options.jobs), cache, counts)
     rows = tidy_rows(points, summaries)
     written = write_table(rows, options.out) + plot_latency(rows, options.out)
     wall = time.perf_counter() - started

@@ -275,25 +275,6 @@ def pool_runner(jobs: int) -> Runner:
     return run
 
 
-def ray_runner(address: str | None) -> Runner:
-    """Run points as Ray tasks (`address`: a running cluster, None: a local instance)."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=address or None)
-    remote = ray.remote(run_point)
-
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
-        refs = {remote.remote(p): i for i, p in enumerate(points)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                yield refs[ref], ray.get(ref)
-
-    return run
-
-
 def evaluate(
     points: Sequence[Point], runner: Runner, cache: Cache, counts: Counts | None = None
 ) -> list[dict[str, Any]]:

@@ -1,0 +1,108 @@
+"""`sangam search`: the highest QPS at which each configuration of a grid meets an SLO, ranked."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from cli.sweep import add_grid
+from sangam.config import RunConfig, RunFiles
+from sangam.options import add_options, collect
+
+COLUMNS = (
+    "rank",
+    "model",
+    "trace",
+    "layout",
+    "budget",
+    "theta",
+    "max_qps_under_slo",
+    "capped",
+    "probes",
+    "slo",
+)
+
+
+def add_parser(commands: Any, name: str) -> None:
+    from sim.search import SearchOptions
+
+    parser = commands.add_parser(
+        name, help="the highest QPS at which each configuration meets an SLO (bracketing and bisection)"
+    )
+    add_grid(parser)
+    add_options(parser, SearchOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.options import SimOptions
+    from sim.search import SearchOptions, search
+    from sim.sweep import Cache, Counts, GridOptions, grid, pool_runner
+
+    if args.slo is None:
+        raise ValueError("give at least one --slo METRIC=LIMIT, for example --slo p99_e2el_s=20")
+    options = collect(SearchOptions, args)
+    grid_options = collect(GridOptions, args)
+    base = collect(RunConfig, args, qps=options.start_qps)
+    one_seed = dataclasses.replace(grid_options, seeds=grid_options.seeds[:1])
+    configs = grid(base, one_seed, [options.start_qps], collect(SimOptions, args),
+                   collect(RunFiles, args).progress)  # fmt: skip
+    for point in configs:
+        if not point.config.is_synthetic:
+            raise ValueError(
+                f"--trace {point.config.trace}: search needs a synthetic trace (sharegpt, arxiv)"
+            )
+    counts = Counts()
+    answers = search(configs, options.slo, grid_options.seeds, pool_runner(grid_options.jobs),
+                     Cache(grid_options.cache), options, counts)  # fmt: skip
+    rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]
+    write(rows, options.out)
+    print_table(rows, options)
+    print(f"{counts.ran} points run, {counts.cached} from the cache; wrote {options.out}")
+    return 0
+
+
+def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
+    cfg = answer.point.config
+    return {
+        "rank": rank, "model": cfg.model, "trace": cfg.trace, "layout": cfg.layout.name, "budget": cfg.budget,
+        "theta": cfg.theta, "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
+        "probes": " ".join(f"{q:g}{'+' if ok else '-'}" for q, ok, _ in answer.probes),
+        "slo": " ".join(s.text for s in options.slo),
+    }  # fmt: skip
+
+
+def write(rows: list[dict[str, Any]], path: Path) -> None:
+    if path.suffix == ".json":
+        path.write_text(json.dumps(rows, indent=2) + "\n")
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def print_table(rows: list[dict[str, Any]], options: Any) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    slo = ", ".join(s.text for s in options.slo)
+    table = Table(title=f"sangam search: max QPS under {slo}", box=box.SIMPLE_HEAD)
+    for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "probes (+ met, - missed)"):
+        table.add_column(header, justify="left" if header.startswith("probes") else "right")
+    for r in rows:
+        best = f"{'>=' if r['capped'] else ''}{r['max_qps_under_slo']:g}"
+        cells = (r["rank"], r["layout"], r["model"], Path(r["trace"]).name, r["budget"], r["theta"], best)
+        table.add_row(*map(str, cells), r["probes"])
+    console = Console()
+    console.print(table)
+    best_row = rows[0]
+    console.print(
+        f"best: {best_row['layout']} (tau {best_row['budget']}, theta {best_row['theta']}) at "
+        f"{best_row['max_qps_under_slo']:g} QPS",
+        soft_wrap=True,
+    )

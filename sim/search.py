@@ -1,0 +1,161 @@
+"""The highest rate at which a configuration meets an SLO: bracketing by doubling, then bisection.
+
+Rates are whole multiples of the granularity `g`, so a search's probes are points a sweep can share
+(and cache). From the start rate the search doubles while the SLO holds; the first failure brackets the
+answer between the last pass `lo` (0 if none) and that failure `hi`, and bisection halves the bracket
+until `hi - lo == g`. The answer is `lo`: probed, and met; `lo + g` was probed, and failed. Each probe
+runs once per seed; a metric meets its limit when its mean over the seeds does. The search assumes the
+metric grows with the rate; where it does not (few requests, noise), the answer is a rate that meets
+the SLO with a failing rate one step above, not necessarily the highest such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sangam.args import positive_float
+from sangam.options import option
+from sangam.results import METRICS
+from sim.sweep import Cache, Counts, Point, Runner, evaluate
+
+STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
+OTHER = ("overflow_rate", "kv_transferred_gb")  # summary keys without a time unit
+_SLO = re.compile(r"\s*([a-z0-9_]+)\s*(?:<=|=)\s*([-+0-9.eE]+)\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """`key` (a summary key) at most `limit` (in the summary's unit); `text` as given."""
+
+    key: str
+    limit: float
+    text: str
+
+    def value(self, summaries: Sequence[dict[str, Any]]) -> float:
+        """The metric's mean over the seeds' summaries."""
+        return sum(float(s[self.key]) for s in summaries) / len(summaries)
+
+
+def parse_slo(text: str) -> Slo:
+    """`p99_e2el_s=20` (also `<=`): a `<stat>_<metric>_<s|ms>` of the summary, or overflow_rate."""
+    m = _SLO.fullmatch(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad SLO {text!r}: use METRIC=LIMIT, for example p99_e2el_s=20")
+    name, limit_text = m[1], m[2]
+    try:
+        limit = float(limit_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad SLO {text!r}: {limit_text!r} is not a number") from None
+    if not limit > 0:
+        raise argparse.ArgumentTypeError(f"bad SLO {text!r}: the limit must be positive")
+    if name in OTHER:
+        return Slo(name, limit, text)
+    stat, _, rest = name.partition("_")
+    metric, _, unit = rest.rpartition("_")
+    if stat not in STATS or metric not in METRICS or unit not in ("s", "ms"):
+        raise argparse.ArgumentTypeError(
+            f"unknown SLO metric {name!r}: use <{'|'.join(STATS)}>_<{'|'.join(METRICS)}>_<s|ms>"
+            f" or one of {', '.join(OTHER)}"
+        )
+    return Slo(f"{STATS[stat]}_{metric}_ms", limit * (1000 if unit == "s" else 1), text)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOptions:
+    """What `sangam search` looks for and how finely."""
+
+    slo: tuple[Slo, ...] = option(
+        None, "a limit every probe must meet, METRIC=LIMIT (p99_e2el_s=20, mean_queue_ms=500, "
+        "overflow_rate=0.1); several allowed", parse=parse_slo, many=True, metavar="METRIC=LIMIT",
+    )  # fmt: skip
+    granularity: float = option(0.1, "the answer's precision, requests/s", parse=positive_float)
+    start_qps: float = option(1.0, "the first rate probed, requests/s", parse=positive_float)
+    max_qps: float = option(1024.0, "stop doubling above this rate, requests/s", parse=positive_float)
+    out: Path = option(Path("search.csv"), "write the ranking here (.csv or .json)", parse=Path,
+                       metavar="FILE")  # fmt: skip
+
+
+@dataclass(slots=True)
+class Bracket:
+    """One configuration's search, in units of the granularity: `lo` met the SLO (0: nothing yet),
+    `hi` failed it (None: not yet)."""
+
+    start: int
+    cap: int
+    lo: int = 0
+    hi: int | None = None
+    probes: list[tuple[int, bool, dict[str, float]]] = field(default_factory=list)
+
+    def next(self) -> int | None:
+        """The next rate to probe, or None when the answer is known."""
+        if self.hi is None:
+            rate = self.start if self.lo == 0 else 2 * self.lo
+            return rate if rate <= self.cap else None
+        return (self.lo + self.hi) // 2 if self.hi - self.lo > 1 else None
+
+    def record(self, rate: int, passed: bool, values: dict[str, float]) -> None:
+        self.probes.append((rate, passed, values))
+        if passed:
+            self.lo = max(self.lo, rate)
+        else:
+            self.hi = rate if self.hi is None else min(self.hi, rate)
+
+    @property
+    def capped(self) -> bool:
+        """The SLO still held at the highest rate allowed: the answer is a lower bound."""
+        return self.hi is None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    point: Point  # the configuration (its rate and seed are those of the first probe)
+    max_qps: float
+    capped: bool
+    probes: tuple[tuple[float, bool, dict[str, float]], ...]
+
+
+def search(
+    configs: Sequence[Point],
+    slos: Sequence[Slo],
+    seeds: Sequence[int],
+    runner: Runner,
+    cache: Cache,
+    options: SearchOptions,
+    counts: Counts | None = None,
+) -> list[Answer]:
+    """Every configuration's highest rate under the SLOs, best first (ties: in the order given). Each
+    round probes one rate per unfinished configuration, every seed, all at once on the runner."""
+    g = options.granularity
+    cap = int(options.max_qps / g + 1e-9)
+    brackets = [Bracket(max(1, min(cap, round(options.start_qps / g))), cap) for _ in configs]
+    while True:
+        todo = [(i, rate) for i, b in enumerate(brackets) if (rate := b.next()) is not None]
+        if not todo:
+            break
+        points = [
+            dataclasses.replace(
+                configs[i], config=dataclasses.replace(configs[i].config, qps=_rate(rate, g), seed=seed)
+            )
+            for i, rate in todo
+            for seed in seeds
+        ]
+        summaries = evaluate(points, runner, cache, counts)
+        for n, (i, rate) in enumerate(todo):
+            mine = summaries[n * len(seeds) : (n + 1) * len(seeds)]
+            values = {slo.text: slo.value(mine) for slo in slos}
+            brackets[i].record(rate, all(slo.value(mine) <= slo.limit for slo in slos), values)
+    answers = [
+        Answer(p, _rate(b.lo, g), b.capped, tuple((_rate(r, g), ok, v) for r, ok, v in b.probes))
+        for p, b in zip(configs, brackets, strict=True)
+    ]
+    return sorted(answers, key=lambda a: -a.max_qps)
+
+
+def _rate(units: int, granularity: float) -> float:
+    return float(f"{units * granularity:.10g}")

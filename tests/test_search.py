@@ -1,0 +1,87 @@
+"""`sangam search`: the SLO syntax, bracketing and bisection, the answer checked against `sangam sim`
+on both sides of a knee, the ranking of several configurations, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from sim.search import Bracket, Slo, parse_slo
+
+SMALL = ["--num-requests", "60", "--cost", "analytic", "--jobs", "1"]
+
+
+def test_slo_names_map_seconds_to_the_summarys_milliseconds() -> None:
+    assert parse_slo("p99_e2el_s=20") == Slo("p99_e2el_ms", 20000.0, "p99_e2el_s=20")
+    assert parse_slo("p50_queue_ms<=500").key == "median_queue_ms"
+    assert parse_slo("mean_prefill_queue_s=0.5").key == "mean_prefill_queue_ms"
+    assert parse_slo("overflow_rate=0.1") == Slo("overflow_rate", 0.1, "overflow_rate=0.1")
+
+
+@pytest.mark.parametrize("start", [1, 17, 18, 40, 1000])
+def test_bracketing_then_bisection_finds_the_last_passing_rate(start: int) -> None:
+    bracket = Bracket(start, cap=10_000)
+    while (rate := bracket.next()) is not None:
+        bracket.record(rate, rate <= 17, {})
+    assert (bracket.lo, bracket.hi) == (17, 18)
+    assert len(bracket.probes) <= 2 * 11  # doubling, then halving: logarithmic
+
+
+def test_a_rate_that_never_fails_stops_at_the_cap_and_says_so() -> None:
+    bracket = Bracket(3, cap=50)
+    while (rate := bracket.next()) is not None:
+        bracket.record(rate, True, {})
+    assert bracket.lo == 48 and bracket.capped
+
+
+def test_the_answer_meets_the_slo_in_sangam_sim_and_one_step_above_does_not(tmp_path: Path) -> None:
+    out = tmp_path / "search.json"
+    slo = ["--slo", "mean_e2el_s=3", "--slo", "p99_e2el_s=60", "--granularity", "0.1"]
+    assert main(["search", "--layouts", "1C", *SMALL, *slo, "--out", str(out)]) == 0
+    (answer,) = json.loads(out.read_text())
+    found = answer["max_qps_under_slo"]
+    assert 1.0 < found < 2.0 and not answer["capped"]  # 1C serves about 1.8 requests/s at most
+
+    def mean_e2el_s(qps: float) -> float:
+        run = tmp_path / f"sim-{qps:g}"
+        assert main(["sim", "--mode", "1C", "--qps", f"{qps:g}", *SMALL[:4], "--out", str(run)]) == 0
+        return float(json.loads((run / "summary.json").read_text())["mean_e2el_ms"]) / 1000
+
+    assert mean_e2el_s(found) <= 3 < mean_e2el_s(round(found + 0.1, 10))
+
+
+def test_several_configurations_are_ranked_and_the_best_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "search.csv"
+    args = ["--gpus", "2", "--layouts", "1C", "2C", "--slo", "mean_e2el_s=3", "--granularity", "0.5"]
+    cache = ["--cache", str(tmp_path / "cache")]
+    assert main(["search", *args, *SMALL, *cache, "--seeds", "0", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    assert [r["layout"] for r in rows] == ["2C", "1C"] and [r["rank"] for r in rows] == ["1", "2"]
+    assert float(rows[0]["max_qps_under_slo"]) > float(rows[1]["max_qps_under_slo"]) > 0
+    assert "best: 2C" in printed
+    assert main(["search", *args, *SMALL, *cache, "--seeds", "0", "1", "--out", str(out)]) == 0
+    assert "0 points run" in capsys.readouterr().out  # every probe from the cache
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--slo", "nonsense"],
+        ["--slo", "p99_latency_s=3"],
+        ["--slo", "p99_e2el_s=fast"],
+        ["--slo", "p99_e2el_s=3", "--granularity", "0"],
+        ["--slo", "p99_e2el_s=3", "--granularity", "-0.1"],
+        [],
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "--layouts", "1C", *SMALL, *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sangam: error:") and err.count("\n") == 1 and "Traceback" not in err

@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from app import analysis, charts
-from app.inputs import InputError, Setup, UploadedTrace, build_setup, read_uploaded_trace
-from app.sweep import COSTS, PointResult
+from app.inputs import InputError, Setup, UploadedTrace, build_setup, default_mask_len, read_uploaded_trace
+from app.sweep import COSTS, PointResult, profile_label
 from app.ui import COST_LABELS, chart, run_points
 from sangam.batcher import Policy
 from sangam.config import DATASETS, RunConfig
@@ -24,27 +24,36 @@ STATE = "explore"  # session_state key of the last comparison: (Setup, results)
 
 
 def sidebar() -> dict[str, Any] | None:
-    """The comparison form; its values once 'Run comparison' is pressed, else None."""
+    """The comparison form; its values once 'Run comparison' is pressed, else None.
+
+    Model, trace and GPU sit above the form: changing one redraws the fields that depend on it (the mask
+    buffer's default, the profile's provenance) at once, not only when the form is submitted."""
+    st.sidebar.header("What to compare")
+    model = st.sidebar.selectbox("Model", list(MODELS), index=list(MODELS).index(DEFAULTS.model), key="model")
+    trace = st.sidebar.selectbox(
+        "Trace",
+        [*DATASETS, UPLOAD],
+        key="trace",
+        format_func=lambda t: "upload a trace file" if t == UPLOAD else f"{t} (synthetic)",
+    )
+    gpu = st.sidebar.selectbox(
+        "GPU profile",
+        list(GPUS),
+        index=list(GPUS).index(DEFAULTS.gpu),
+        key="gpu",
+        format_func=lambda g: profile_label(model, g),
+    )
     with st.sidebar.form("setup"):
-        st.header("What to compare")
-        model = st.selectbox("Model", list(MODELS), index=list(MODELS).index(DEFAULTS.model), key="model")
-        trace = st.selectbox(
-            "Trace",
-            [*DATASETS, UPLOAD],
-            key="trace",
-            format_func=lambda t: "upload a trace file" if t == UPLOAD else f"{t} (synthetic)",
-        )
         uploaded = st.file_uploader(
             "Trace file (.csv or .jsonl: prompt_len, output_len[, steps])",
             type=["csv", "jsonl", "json"],
             key="upload",
         )
-        gpu = st.selectbox("GPU profile", list(GPUS), index=list(GPUS).index(DEFAULTS.gpu), key="gpu")
         cost = st.selectbox(
             "Iteration times",
             list(COSTS),
             key="cost",
-            format_func=COST_LABELS.__getitem__,
+            format_func=lambda c: profile_label(model, gpu) if c == "profile" else COST_LABELS[c],
             help="As `sangam sim --cost`: the profile measured on this GPU (or derived from one that was), "
             "else the analytic model",
         )
@@ -67,12 +76,13 @@ def sidebar() -> dict[str, Any] | None:
         )
         mask_len = st.number_input(
             "Mask buffer (tokens)",
-            min_value=0,
+            min_value=32,
             max_value=8192,
-            value=0,
+            value=default_mask_len(trace),
             step=32,
-            key="mask_len",
-            help="0: the trace's default (1024 ShareGPT and trace files, 512 arXiv); a multiple of 32",
+            key=f"mask_len_{trace}",  # a new trace starts the field afresh at its own default
+            help="A multiple of 32; a new trace starts at its default (1024 ShareGPT and trace files, "
+            "512 arXiv)",
         )
         seeds = st.text_input("Seeds (averaged)", "0", key="seeds", help="one or several, e.g. 0, 1, 2")
         st.subheader("Scheduler")
@@ -136,7 +146,7 @@ def sidebar() -> dict[str, Any] | None:
         "progress": progress,
         "seeds": seeds,
         "num_requests": int(num_requests),
-        "mask_len": int(mask_len) or None,
+        "mask_len": int(mask_len),
         "cost": cost,
         "policy": policy,
         "arrival_cv": float(arrival_cv) or None,

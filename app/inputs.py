@@ -119,6 +119,11 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(seeds))
 
 
+def default_mask_len(trace: str) -> int:
+    """The mask buffer a run on `trace` uses unless one is set: 1024 ShareGPT and trace files, 512 arXiv."""
+    return RunConfig(trace=trace).mask_tokens
+
+
 def check_progress(spec: str) -> str:
     """'' (the model and trace's default) or a valid fixed:D, uniform:LO:HI or betabinom:MEAN:STD."""
     spec = spec.strip()

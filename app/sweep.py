@@ -89,6 +89,14 @@ def profile_pages(model: str, gpu: str, cost: str = "profile") -> int | None:
     return profile.kv_pages if profile is not None else None
 
 
+def profile_label(model: str, gpu: str) -> str:
+    """The GPU profile `--cost profile` prices `model` on `gpu` with, named by where it comes from (as
+    `profiles.store` records it): 'h200 profile, measured', 'h100 profile, derived from h200', or, for a
+    GPU without one, 'h100, no profile (analytic model)'."""
+    source = _priced(model, gpu, "profile")[1]
+    return f"{gpu}, no profile (analytic model)" if source == "analytic" else f"{gpu} profile, {source}"
+
+
 def point_rows(spec: PointSpec) -> list[TraceRow]:
     """The requests of a point, with arrival times, as `sangam sim` builds them."""
     if spec.rows is None:

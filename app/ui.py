@@ -12,7 +12,12 @@ import streamlit as st
 
 from app.sweep import WORKERS, PointResult, PointSpec, in_pool, run_sweep
 
-COST_LABELS = {"profile": "measured profile", "analytic": "analytic model"}  # app.sweep.COSTS
+# app.sweep.COSTS; the explorer names the profile by its provenance (`app.sweep.profile_label`), here the
+# GPU is the live run's, not known until its files are read
+COST_LABELS = {
+    "profile": "the GPU's profile (measured, or derived from one that was)",
+    "analytic": "analytic model",
+}
 
 
 @st.cache_data(max_entries=400, show_spinner=False)

@@ -66,6 +66,30 @@ def test_several_seeds_are_averaged() -> None:
     assert list(table["seeds"]) == [2, 2]
 
 
+def test_the_mask_buffer_field_shows_what_runs_use() -> None:
+    at = explorer()
+    assert at.number_input(key="mask_len_sharegpt").value == 1024
+    at.selectbox(key="trace").set_value("arxiv").run()
+    assert at.number_input(key="mask_len_arxiv").value == 512
+    submit(at, **SMALL)
+    assert not at.exception and not at.error and "mask buffer 512" in at.markdown[0].value
+    submit(at, mask_len_arxiv=2048)  # the user's own value
+    assert not at.exception and not at.error and "mask buffer 2048" in at.markdown[0].value
+    at.selectbox(key="trace").set_value("upload").run()
+    assert at.number_input(key="mask_len_upload").value == 1024  # a trace file's default
+
+
+def test_each_gpu_profile_is_labelled_by_its_provenance() -> None:
+    at = explorer()
+    assert at.selectbox(key="gpu").options == ["h200 profile, measured", "h100 profile, derived from h200"]
+    assert at.selectbox(key="cost").options[0] == "h100 profile, derived from h200"  # the default GPU
+    at.selectbox(key="gpu").set_value("h200").run()
+    assert at.selectbox(key="cost").options[0] == "h200 profile, measured"
+    submit(at, gpu="h100", **SMALL)
+    assert not at.exception and not at.error
+    assert "iteration times derived from h200" in at.markdown[0].value
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -79,7 +103,7 @@ def test_several_seeds_are_averaged() -> None:
         ({"layouts": ""}, "choose at least one layout"),
         ({"seeds": "zero"}, "seeds must be whole numbers"),
         ({"progress": "betabinom:40:1"}, "bad progress model"),
-        ({"mask_len": 100}, "mask length must be a positive multiple of 32"),
+        ({"mask_len_sharegpt": 100}, "mask length must be a positive multiple of 32"),
         ({"trace": "upload"}, "upload a trace file"),
     ],
 )

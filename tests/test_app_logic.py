@@ -22,7 +22,6 @@ from app.inputs import (
     InputError,
     build_setup,
     default_mask_len,
-    mask_for_trace,
     parse_layouts,
     parse_seeds,
     qps_points,
@@ -107,16 +106,11 @@ def test_seeds_and_a_whole_setup() -> None:
     assert specs[0].progress == "fixed:8" and specs[0].cost == "analytic"
 
 
-def test_the_mask_field_follows_the_trace_until_the_user_sets_it() -> None:
+def test_the_mask_field_starts_at_what_a_run_on_the_trace_uses() -> None:
     assert [default_mask_len(t) for t in ("sharegpt", "arxiv", "upload")] == [1024, 512, 1024]
-    for trace in ("sharegpt", "arxiv"):  # what the field shows is what a run without it uses
+    for trace in ("sharegpt", "arxiv"):  # a run that leaves the mask buffer unset
         run = run_point(PointSpec(RunConfig(trace=trace, num_requests=5), cost="analytic"))
         assert default_mask_len(trace) == run.summary["config"]["mask_len"]
-    assert mask_for_trace(None, "sharegpt", "sharegpt") == 1024  # a new field
-    assert mask_for_trace(1024, "sharegpt", "arxiv") == 512
-    assert mask_for_trace(512, "arxiv", "upload") == 1024
-    assert mask_for_trace(2048, "sharegpt", "arxiv") == 2048  # the user's own value stays
-    assert mask_for_trace(512, "sharegpt", "arxiv") == 512
 
 
 def test_each_gpu_profile_is_labelled_by_its_provenance(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 
 Streamlit runs in a process group of its own (the simulator's worker processes join it), so SIGTERM or
 SIGINT to `sangam app` stops the whole group and leaves nothing behind. Imports no Streamlit, so
-`sangam.cli` can import it at start-up at no cost.
+the command line can import it at start-up at no cost.
 """
 
 from __future__ import annotations

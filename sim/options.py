@@ -7,6 +7,7 @@ from typing import Any
 
 from sangam.args import non_negative_float, positive_float
 from sangam.config import CONTROL_MS
+from sangam.faults import Failure, parse_failures
 from sangam.options import option
 from sim.cluster import LinkSpec
 from sim.links import load_link
@@ -32,6 +33,18 @@ class SimOptions:
         "profile", "iteration times: the measured (or derived) profile of --model on --gpu, or analytic",
         choices=("profile", "analytic"),
     )  # fmt: skip
+
+    fail: str | None = option(
+        None, "workers lost during the run: W@T[,W@T...], worker ids and seconds (e.g. 1@30,2@45.5)",
+        metavar="W@T",
+    )  # fmt: skip
+    restart_after: float | None = option(
+        None, "a lost worker comes back empty this many seconds later", parse=non_negative_float,
+        metavar="S", default_text="never",
+    )  # fmt: skip
+
+    def failures(self) -> list[Failure]:
+        return parse_failures(self.fail) if self.fail else []
 
     def link_spec(self) -> LinkSpec:
         return load_link(self.link) if self.link else LinkSpec(self.link_gbps, self.link_latency_ms / 1000)

@@ -23,6 +23,9 @@ def run_points(
     """Simulate each (config, rows) point; write its results under `files.out` and its iteration log."""
     progress = load_progress(files.progress)
     link = options.link_spec()
+    failures = options.failures()
+    if options.restart_after is not None and not failures:
+        raise ValueError("--restart-after needs --fail")
     rates = [cfg.qps for cfg, _ in points]
     dirs = point_dirs(files.out, rates) if files.out else []
     results = []
@@ -35,6 +38,8 @@ def run_points(
             link=link,
             control_s=options.control_ms / 1000,
             log_iterations=bool(files.iteration_log),
+            failures=failures,
+            restart_after_s=options.restart_after,
         )
         result.summary.update(cost_model=cost_name, kv_link=options.kv_link(), control_ms=options.control_ms)
         results.append(result)

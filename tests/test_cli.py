@@ -288,3 +288,19 @@ def test_the_installed_command_reports_bad_input_without_a_traceback() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("sangam: error: bad mode") and "Traceback" not in done.stderr
+
+
+def test_sim_fails_and_restarts_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sim", "--mode", "4C", "--num-requests", "400", "--qps", "4", "--out", str(tmp_path)]
+    assert main([*args, "--fail", "1@10,2@20", "--restart-after", "5"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["workers_lost"] == 2 and summary["completed"] == 400 and summary["failed"] == 0
+    assert summary["requests_recovered"] > 0 and summary["forwards_redone"] > 0
+    for bad, needle in [
+        (["--fail", "9@10"], "cannot fail worker 9"),
+        (["--fail", "1@"], "bad failure '1@'"),
+        (["--restart-after", "3"], "--restart-after needs --fail"),
+    ]:
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1

@@ -27,6 +27,7 @@ from typing import IO, TYPE_CHECKING
 from executor.live_models import TINY_PAGES
 from executor.live_options import KV_TRANSPORTS
 from executor.ports import free_port
+from executor.process_specs import SchedulerLaunch, WorkerLaunch, encode
 from sangam.batcher import Policy
 from sangam.layout import Kind, Layout, parse_mode
 
@@ -76,7 +77,7 @@ class ClusterSpec:
     transfer_timeout: float = 30.0
     transfer_attempts: int = 3
     dist_timeout: float = 120.0
-    worker_args: tuple[str, ...] = ()  # extra options for every worker (tests: fault injection)
+    fault_stall_recv: int | None = None  # tests: every worker stalls this request's KV receives
 
     @property
     def stop_at_eos(self) -> bool:
@@ -177,23 +178,14 @@ class LocalCluster:
             raise ValueError(
                 f"mode {spec.mode!r} names {layout.num_workers} workers, not {len(spec.workers)}"
             )
-        command = [
-            "-m", "executor.scheduler", "--workers", str(len(spec.workers)), "--mode", spec.mode,
-            "--mask-len", str(spec.mask_len), "--theta", str(spec.theta), "--seed", str(spec.seed),
-            "--host", spec.host, "--port", str(spec.port), "--ready-file", str(ready_file),
-            "--transfer-attempts", str(spec.transfer_attempts), "--exit-with-parent",
-        ]  # fmt: skip
-        links: list[str] = []
-        if layout.kind is not Kind.COLOCATED:
-            links = [
-                "--dist-port", str(free_port()), "--kv-transport", spec.transport,
-                "--transfer-timeout", str(spec.transfer_timeout), "--dist-timeout", str(spec.dist_timeout),
-            ]  # fmt: skip
-        if spec.stop_at_eos:
-            command.append("--stop-at-eos")
-        if spec.iteration_log is not None:
-            command += ["--iteration-log", str(spec.iteration_log)]
-        self._spawn("scheduler", command, {})
+        scheduler = SchedulerLaunch(
+            workers=len(spec.workers), mode=spec.mode, mask_len=spec.mask_len, theta=spec.theta,
+            transfer_attempts=spec.transfer_attempts, seed=spec.seed, stop_at_eos=spec.stop_at_eos,
+            host=spec.host, port=spec.port, ready_file=str(ready_file),
+            iteration_log=str(spec.iteration_log) if spec.iteration_log is not None else None,
+        )  # fmt: skip
+        dist_port = free_port() if layout.kind is not Kind.COLOCATED else 0
+        self._spawn("scheduler", "executor.scheduler", scheduler, {})
         while not ready_file.exists():
             self.check()
             if time.monotonic() > deadline:
@@ -202,17 +194,16 @@ class LocalCluster:
         info = json.loads(ready_file.read_text())
         self.address = info["address"]
         for index, worker in enumerate(spec.workers):
-            command = [
-                "-m", "executor.worker", "--worker-id", str(index), "--scheduler", info["control"],
-                "--model", spec.model, "--weights", spec.weights, "--device", worker.device,
-                "--pages", str(spec.pages), "--policy", spec.policy, "--budget", str(spec.budget),
-                "--prefill-budget", str(spec.prefill_budget), "--max-decodes", str(spec.max_decodes),
-                "--seed", str(spec.seed), "--threads", str(spec.threads), "--mode", spec.mode,
-                "--num-workers", str(len(spec.workers)), *links, *spec.worker_args, "--exit-with-parent",
-            ]  # fmt: skip
-            if not spec.cuda_graphs:
-                command.append("--no-cuda-graphs")
-            self._spawn(f"worker {index}", command, worker.env)
+            launch = WorkerLaunch(
+                worker_id=index, scheduler=info["control"], model=spec.model, weights=spec.weights,
+                device=worker.device, pages=spec.pages, policy=spec.policy, budget=spec.budget,
+                prefill_budget=spec.prefill_budget, mode=spec.mode, num_workers=len(spec.workers),
+                max_decodes=spec.max_decodes, seed=spec.seed, threads=spec.threads,
+                cuda_graphs=spec.cuda_graphs, kv_transport=spec.transport, dist_port=dist_port,
+                transfer_timeout=spec.transfer_timeout, dist_timeout=spec.dist_timeout,
+                fault_stall_recv=spec.fault_stall_recv,
+            )  # fmt: skip
+            self._spawn(f"worker {index}", "executor.worker", launch, worker.env)
         self.client = SangamClient(self.address)
         while True:
             self.check()
@@ -233,7 +224,10 @@ class LocalCluster:
                 )
             time.sleep(0.05)
 
-    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str]) -> None:
+    def _spawn(
+        self, name: str, module: str, launch: SchedulerLaunch | WorkerLaunch, extra_env: dict[str, str]
+    ) -> None:
+        """Start `python -m module` with `launch` written to its stdin."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
@@ -242,13 +236,16 @@ class LocalCluster:
         log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, *args],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", module],
+            stdin=subprocess.PIPE,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # own process group: a terminal's Ctrl-C reaches only the launcher
         )
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(encode(launch))
         self.children.append(Child(name, proc, log_path, log_file))
 
     def check(self) -> None:

@@ -19,7 +19,6 @@ a router event that does not exist yet).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
@@ -39,6 +38,7 @@ import grpc
 from executor import codec, rpc
 from executor.iteration_log import IterationLog
 from executor.messages import BlockWork, RequestState, TransferOrder, WorkBatch
+from executor.process_specs import SchedulerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.retry import deliver
@@ -337,31 +337,13 @@ class SchedulerServer:
             self.control_server.stop(grace=0.2).wait(2.0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m executor.scheduler", description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, required=True, help="workers that will register (ids 0..N-1)")
-    parser.add_argument("--mode", default="colocated")
-    parser.add_argument("--mask-len", type=int, default=1024)
-    parser.add_argument("--theta", type=int, default=8192)
-    parser.add_argument(
-        "--transfer-attempts", type=int, default=TRANSFER_ATTEMPTS, help="per KV transfer, before ERROR"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="router tie-breaks (the sim's 'router' stream)")
-    parser.add_argument("--stop-at-eos", action="store_true", help="end a request after the block with EOS")
-    parser.add_argument("--host", default="127.0.0.1", help="client-facing address")
-    parser.add_argument("--port", type=int, default=50051)
-    parser.add_argument("--control-port", type=int, default=0)
-    parser.add_argument(
-        "--ready-file", type=Path, help="write the bound addresses here (JSON) once listening"
-    )
-    parser.add_argument("--iteration-log", type=Path)
-    parser.add_argument("--exit-with-parent", action="store_true")
-    parser.add_argument("--log-level", default="WARNING")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main() -> int:
+    """The scheduler process of a `SchedulerLaunch` read from stdin (`executor.launcher` writes it)."""
+    try:
+        args = read_spec(SchedulerLaunch, sys.stdin)
+    except ValueError as err:
+        print(f"scheduler: error: {err}", file=sys.stderr, flush=True)
+        return 2
     rpc.setup_logging("scheduler", args.log_level)
     try:
         core = SchedulerCore(
@@ -370,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             theta=args.theta,
             seed=args.seed,
             stop_at_eos=args.stop_at_eos,
-            iteration_log=args.iteration_log,
+            iteration_log=Path(args.iteration_log) if args.iteration_log else None,
             mode=args.mode,
             transfer_attempts=args.transfer_attempts,
         )
@@ -387,11 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.start()
     if args.exit_with_parent:
         rpc.exit_with_parent(server.stop)
-    if args.ready_file is not None:
-        info = {"address": server.address, "control": server.control_address, "pid": os.getpid()}
-        tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(args.ready_file)
+    info = {"address": server.address, "control": server.control_address, "pid": os.getpid()}
+    tmp = Path(args.ready_file).with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(args.ready_file)
     while not core.stopped.wait(0.5):
         pass
     server.stop()  # idempotent: waits for the servers if another thread began the stop

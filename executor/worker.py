@@ -20,7 +20,6 @@ the pool's free pages.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import queue
@@ -39,8 +38,9 @@ import torch
 from executor import codec, rpc
 from executor.engine import Engine, build_model, build_runner, check_work
 from executor.kv_cache import PagedKVCache
-from executor.kv_transfer import TRANSPORTS, KVTransfers, LinkConfig, TransferResult, open_store
+from executor.kv_transfer import KVTransfers, LinkConfig, TransferResult, open_store
 from executor.messages import BlockWork, IterationReport, Registration, ReportBatch, TransferEvent
+from executor.process_specs import WorkerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.retry import deliver
@@ -222,50 +222,7 @@ class WorkerProcess:
             return False
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m executor.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--worker-id", type=int, required=True)
-    parser.add_argument("--scheduler", required=True, help="host:port of the scheduler's Control service")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model", default="tiny-llada")
-    parser.add_argument("--weights", default="random", help="'random' or a local HF checkpoint directory")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--pages", type=int, required=True)
-    parser.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.DEFICIT.value)
-    parser.add_argument("--budget", type=int, default=1024, help="tau of colocated and decode-role workers")
-    parser.add_argument("--prefill-budget", type=int, default=2048, help="tau of a prefill-role worker")
-    parser.add_argument(
-        "--mode", default="colocated", help="the layout: colocated, <n>C, <n>P<m>D or <n>P<m>C"
-    )
-    parser.add_argument("--num-workers", type=int, help="workers of the layout (default: this one only)")
-    parser.add_argument(
-        "--dist-port", type=int, default=0, help="KV rendezvous store port (worker 0 hosts it)"
-    )
-    parser.add_argument("--dist-host", default="127.0.0.1", help="host of the KV rendezvous store")
-    parser.add_argument("--kv-transport", choices=TRANSPORTS, default="gloo")
-    parser.add_argument("--transfer-timeout", type=float, default=30.0, help="seconds per transfer attempt")
-    parser.add_argument(
-        "--dist-timeout", type=float, default=120.0, help="seconds for the KV rendezvous and link (re)builds"
-    )
-    parser.add_argument(
-        "--fault-stall-recv", type=int, help=argparse.SUPPRESS
-    )  # tests: stall this request's receives
-    parser.add_argument("--max-decodes", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="random weights (identical on every worker)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument(
-        "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="decode graphs on CUDA"
-    )
-    parser.add_argument(
-        "--hang-timeout", type=float, default=300.0, help="report unhealthy if one iteration runs this long"
-    )
-    parser.add_argument("--exit-with-parent", action="store_true")
-    parser.add_argument("--log-level", default="WARNING")
-    return parser
-
-
-def connect_links(args: argparse.Namespace, roles: Sequence[Role], device: torch.device) -> KVTransfers:
+def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.device) -> KVTransfers:
     """Open the rendezvous store (worker 0 hosts it) and build this worker's KV links."""
     if args.dist_port <= 0:
         raise ValueError("a disaggregated or hybrid layout needs --dist-port (the KV rendezvous store)")
@@ -311,8 +268,13 @@ def register(control: pb_grpc.ControlStub, registration: Registration, timeout: 
         raise RuntimeError(f"the scheduler refused registration: {reply.error}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main() -> int:
+    """The worker process of a `WorkerLaunch` read from stdin (`executor.launcher` writes it)."""
+    try:
+        args = read_spec(WorkerLaunch, sys.stdin)
+    except ValueError as err:
+        print(f"worker: error: {err}", file=sys.stderr, flush=True)
+        return 2
     rpc.setup_logging(f"worker-{args.worker_id}", args.log_level)
     torch.set_num_threads(args.threads)
     srv: grpc.Server | None = None

@@ -109,7 +109,7 @@ def test_a_transfer_that_times_out_fails_its_request_and_the_run_goes_on(tmp_pat
     log = tmp_path / "iterations.csv"
     spec = ClusterSpec(
         cpu_workers(2), mode="1P1D", mask_len=64, pages=128, transfer_timeout=1.0,
-        worker_args=("--fault-stall-recv", "0"), iteration_log=log,
+        fault_stall_recv=0, iteration_log=log,
     )  # fmt: skip
     before = child_pids(os.getpid())
     with LocalCluster(spec) as cluster:

@@ -56,7 +56,8 @@ def step(step_index: int = 0, *, forwards: int | None = None, **params: float) -
 
 def test_commits_every_position_at_or_above_the_threshold() -> None:
     probs = [0.5] * BLOCK
-    probs[3], probs[17], probs[30] = 0.95, 0.9, 0.89
+    # a softmax does not land exactly on 0.9 on every CPU (it gave 0.8999999 here): a hair either side
+    probs[3], probs[17], probs[30] = 0.95, 0.90001, 0.89999
     out = unmask_block(masks(), peaked(list(range(BLOCK)), probs), step(), MASK)
     assert (out != MASK).nonzero().flatten().tolist() == [3, 17]
     assert out[3] == 3 and out[17] == 17

@@ -111,6 +111,7 @@ class Router:
         self.prefill_pool = [w for w, role in enumerate(roles) if role is Role.PREFILL]
         self.decode_pool = [w for w, role in enumerate(roles) if role is not Role.PREFILL]
         self._pending: list[tuple[float, int, Request]] = []  # blocks waiting for a prefill worker
+        self._returning: list[tuple[float, int, Request]] = []  # exclusive: next blocks of held requests
         self._decode_ready: list[tuple[float, int, Request, int]] = []  # prefilled, waiting for decode pages
         self.exclusive = policy is Policy.FASTDLLM  # a decode-role worker serves one request at a time
         self.holder: list[int | None] = [None] * len(roles)  # exclusive: the request id holding each worker
@@ -140,7 +141,7 @@ class Router:
 
     @property
     def num_pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._returning)
 
     @property
     def num_decode_ready(self) -> int:
@@ -165,7 +166,7 @@ class Router:
             if self._tallies_pages:
                 self.free[worker] += req.pages
             if not req.finished:
-                heapq.heappush(self._pending, (req.arrival, req.id, req))
+                self._queue(req)
             elif self.exclusive:
                 self._unhold(req.id)
         return self._drain(now)
@@ -206,6 +207,13 @@ class Router:
             out += self._recall(req, stage, at, dst, worker)
         for rid in [rid for rid, w in held.items() if w == worker]:  # held between blocks: claim anew
             self._unhold(rid)
+        if self._returning:
+            back = [e for e in self._returning if e[2].id not in held]
+            if back:
+                self._returning = [e for e in self._returning if e[2].id in held]
+                heapq.heapify(self._returning)
+                for entry in back:
+                    heapq.heappush(self._pending, entry)
         if not self._serving:
             return [*out, *self.give_up(now, f"worker {worker} was lost and {self._missing()}")]
         return [*out, *self._drain(now)]
@@ -222,8 +230,9 @@ class Router:
         """End every request waiting to be routed with ERROR (a driver that knows no lost worker will
         come back calls this for requests that reach a layout unable to serve)."""
         out = []
-        while self._pending:
-            req = heapq.heappop(self._pending)[2]
+        waiting = sorted([*self._pending, *self._returning])
+        self._pending, self._returning = [], []
+        for _, _, req in waiting:
             req.error = reason
             self._unhold(req.id)
             self.requests_failed += 1
@@ -247,8 +256,14 @@ class Router:
             self._unhold(req.id)
         req.step = 0
         req.record = req.blocks[-1] = BlockRecord(ready=req.record.ready)
-        heapq.heappush(self._pending, (req.arrival, req.id, req))
+        self._queue(req)
         return drops
+
+    def _queue(self, req: Request) -> None:
+        """Queue a block for routing: held requests (exclusive) apart, since they need no new worker
+        and must not wait behind a request that does."""
+        queue = self._returning if self.exclusive and req.id in self._held else self._pending
+        heapq.heappush(queue, (req.arrival, req.id, req))
 
     def _set_up(self, worker: int, up: bool) -> None:
         self.up[worker] = up
@@ -271,7 +286,7 @@ class Router:
 
     def _drain(self, now: float) -> list[Action]:
         """Completed prefills first, then new prefills; each queue strictly head-of-line."""
-        if (not self._decode_ready and not self._pending) or not self._serving:
+        if (not self._decode_ready and not self._pending and not self._returning) or not self._serving:
             return []
         actions: list[Action] = []
         while self._decode_ready:
@@ -284,14 +299,21 @@ class Router:
             req.record.decode_worker = dst
             self._books[req.id] = (req, _Stage.MOVING, src, dst)
             actions.append(Transfer(req, src, dst))
-        while self._pending:
-            req = self._pending[0][2]
+        if self._returning:
+            self._route(self._returning, now, actions)
+        self._route(self._pending, now, actions)
+        return actions
+
+    def _route(self, queue: list[tuple[float, int, Request]], now: float, actions: list[Action]) -> None:
+        """Dispatch `queue`'s blocks in order of arrival while the head finds a prefill worker."""
+        while queue:
+            req = queue[0][2]
             if self.exclusive and req.id not in self._held and not self._claim(req):
                 break
             target = self._prefill_target(req)
             if target is None:
                 break
-            heapq.heappop(self._pending)
+            heapq.heappop(queue)
             worker, overflow = target
             self._charge(worker, req)
             self._books[req.id] = (req, _Stage.DISPATCHED, worker, -1)
@@ -299,7 +321,6 @@ class Router:
             req.record.prefill_worker = worker
             req.record.overflow = overflow
             actions.append(Dispatch(req, worker))
-        return actions
 
     def _charge(self, worker: int, req: Request) -> None:
         self.outstanding[worker] += req.seq_len

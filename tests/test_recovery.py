@@ -353,3 +353,35 @@ def test_survivable_failures_complete_every_request_once_and_balance_every_page(
     assert r.num_pending == 0 and r.num_decode_ready == 0 and not r._books
     assert all(holder is None for holder in r.holder) and r.requests_failed == 0
     assert not cluster._moving and not cluster._controlled
+
+
+def test_a_dispatch_in_its_control_delay_to_a_lost_worker_is_void_even_after_a_restart() -> None:
+    a = make_request(1, 100, arrival=0.0, steps=(3,))
+    cluster = run_cluster(
+        [a], "1P1C", control_s=0.25, failures=[Failure(0, 0.1)], restart_after_s=0.05, theta=10_000
+    )
+    # a's prefill is on its way to worker 0 when it is lost at 0.1; without a prefill worker the hybrid
+    # overflows a to worker 1. Worker 0 is back at 0.15, before the first dispatch would have landed.
+    rec = a.blocks[0]
+    assert (rec.dispatch, rec.prefill_worker, rec.overflow, rec.prefill_start, rec.end) == (
+        0.1,
+        1,
+        True,
+        0.35,
+        3.35,
+    )
+    assert [r["worker"] for r in rows(cluster)] == [1, 1, 1]
+
+
+def test_fastdllm_a_holder_s_next_block_does_not_wait_behind_an_older_request_without_a_worker() -> None:
+    r = router("2C", policy=Policy.FASTDLLM)
+    b, a = make_request(1, 100, arrival=0.0, steps=(1, 1)), make_request(2, 100, arrival=0.1, steps=(1, 1))
+    (db,) = r.on_arrival(0.0, b)
+    (da,) = r.on_arrival(0.1, a)
+    b.end_block(1.0)
+    assert r.on_iteration(1.0, db.worker, Outcome((b,), (), (b,))) == [Dispatch(b, db.worker)]
+    assert r.on_worker_lost(1.1, db.worker) == []  # b is older than a, and has no worker now
+    a.end_block(1.2)
+    assert r.on_iteration(1.2, da.worker, Outcome((a,), (), (a,))) == [Dispatch(a, da.worker)]
+    a.end_block(1.5)
+    assert r.on_iteration(1.5, da.worker, Outcome((a,), (), (a,))) == [Dispatch(b, da.worker)]

@@ -180,6 +180,7 @@ class LocalCluster:
             )
         scheduler = SchedulerLaunch(
             workers=len(spec.workers), mode=spec.mode, mask_len=spec.mask_len, theta=spec.theta,
+            policy=spec.policy,
             transfer_attempts=spec.transfer_attempts, seed=spec.seed, stop_at_eos=spec.stop_at_eos,
             host=spec.host, port=spec.port, ready_file=str(ready_file),
             iteration_log=str(spec.iteration_log) if spec.iteration_log is not None else None,

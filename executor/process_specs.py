@@ -20,6 +20,7 @@ class SchedulerLaunch:
     mode: str
     mask_len: int
     theta: int
+    policy: str  # fastdllm: the router keeps each worker its request's until the request ends
     transfer_attempts: int  # per KV transfer, before ERROR
     seed: int  # router tie-breaks (the sim's 'router' stream)
     stop_at_eos: bool  # end a request after the block with EOS

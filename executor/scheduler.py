@@ -43,6 +43,7 @@ from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.retry import deliver
 from executor.scheduler_state import TRANSFER_ATTEMPTS, SchedulerState
+from sangam.batcher import Policy
 
 ENQUEUE_ATTEMPTS = 3
 ENQUEUE_BACKOFF_S = 0.1
@@ -91,6 +92,7 @@ class SchedulerCore:
         *,
         mask_len: int,
         theta: int = 8192,
+        policy: Policy = Policy.DEFICIT,
         seed: int = 0,
         stop_at_eos: bool = False,
         iteration_log: Path | None = None,
@@ -104,6 +106,7 @@ class SchedulerCore:
             clock=time.monotonic,
             mask_len=mask_len,
             theta=theta,
+            policy=policy,
             seed=seed,
             stop_at_eos=stop_at_eos,
             mode=mode,
@@ -350,6 +353,7 @@ def main() -> int:
             args.workers,
             mask_len=args.mask_len,
             theta=args.theta,
+            policy=Policy(args.policy),
             seed=args.seed,
             stop_at_eos=args.stop_at_eos,
             iteration_log=Path(args.iteration_log) if args.iteration_log else None,

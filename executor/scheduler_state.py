@@ -36,7 +36,7 @@ from executor.messages import (
     WorkerState,
 )
 from executor.transfers import Arrived, Effect, Order, Released, Transfers
-from sangam.batcher import Outcome
+from sangam.batcher import Outcome, Policy
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK
 from sangam.layout import Layout, parse_mode
@@ -102,6 +102,7 @@ class SchedulerState:
         clock: Callable[[], float],
         mask_len: int,
         theta: int = 8192,
+        policy: Policy = Policy.DEFICIT,
         seed: int = 0,
         stop_at_eos: bool = False,
         mode: str = "colocated",
@@ -116,6 +117,7 @@ class SchedulerState:
         self.layout: Layout = layout
         self.mask_len = mask_len
         self.theta = theta
+        self.policy = policy
         self.seed = seed
         self.stop_at_eos = stop_at_eos
         self.send = send
@@ -159,7 +161,7 @@ class SchedulerState:
                 pages = min(w.registration.pages for w in self.workers.values())
                 self.facts = ModelFacts(reg.vocab, reg.mask_id, reg.eos_ids, pages, reg.model)
                 rng = RunConfig(gpus=self.layout.num_workers, theta=self.theta, seed=self.seed).rng("router")
-                self.router = Router(self.layout, pages, rng, self.theta)
+                self.router = Router(self.layout, pages, rng, self.theta, policy=self.policy)
         log.info("worker %d registered at %s (%s)", reg.worker_id, reg.address, reg.device)
         return None
 

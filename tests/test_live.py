@@ -314,3 +314,33 @@ def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
     (line,) = [x for x in err.splitlines() if x.startswith("sangam: error:")]
     assert needle in line and "DEADLINE_EXCEEDED" in line and "Traceback" not in err
     assert wait_gone(children, 10.0) == set(), "processes outlived the launcher"
+
+
+def test_fastdllm_live_serves_one_request_at_a_time(tmp_path: Path) -> None:
+    """Batch size 1 live too: on its worker, no request starts before the one before it has ended."""
+    trace = write_trace(tmp_path / "t.csv", 6, qps=50.0, prompt=(4, 40), output=(64, 96), seed=3)
+    out = tmp_path / "out"
+    replay(
+        [
+            "--workers",
+            "1",
+            "--trace",
+            str(trace),
+            "--mask-len",
+            "128",
+            "--policy",
+            "fastdllm",
+            "--out",
+            str(out),
+        ]
+    )
+    with (out / "blocks.csv").open() as f:
+        blocks = list(csv.DictReader(f))
+    spans: dict[str, tuple[float, float]] = {}
+    for b in blocks:
+        start, end = float(b["prefill_start"]), float(b["end"])
+        first, last = spans.get(b["request_id"], (start, end))
+        spans[b["request_id"]] = (min(first, start), max(last, end))
+    ordered = sorted(spans.values())
+    assert len(ordered) == 6
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(ordered))

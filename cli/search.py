@@ -38,9 +38,11 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.progress import bar
+    from sim.engines import EngineOptions, runner
     from sim.options import SimOptions
     from sim.search import SearchOptions, search
-    from sim.sweep import Cache, Counts, GridOptions, grid, pool_runner
+    from sim.sweep import Cache, Counts, GridOptions, grid
 
     if args.slo is None:
         raise ValueError("give at least one --slo METRIC=LIMIT, for example --slo p99_e2el_s=20")
@@ -56,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
                 f"--trace {point.config.trace}: search needs a synthetic trace (sharegpt, arxiv)"
             )
     counts = Counts()
-    answers = search(configs, options.slo, grid_options.seeds, pool_runner(grid_options.jobs),
-                     Cache(grid_options.cache), options, counts)  # fmt: skip
+    engine = runner(collect(EngineOptions, args))
+    with bar("search", "points") as watch:
+        answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),
+                         options, counts, watch)  # fmt: skip
     rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]
     write(rows, options.out)
     print_table(rows, options)

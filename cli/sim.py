@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from contextlib import nullcontext
 from typing import Any
 
 from sangam.config import RunConfig, RunFiles, workload_points
@@ -11,6 +12,7 @@ from sangam.layout import parse_mode
 from sangam.options import add_options, collect, listed
 
 DEFAULT_GPUS = RunConfig().gpus
+MANY_REQUESTS = 20_000  # a point of this many requests takes about 10 s: worth a progress bar
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -34,6 +36,7 @@ def base_config(args: argparse.Namespace, **fixed: Any) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.progress import bar
     from profiles.analytic import AnalyticCostModel
     from profiles.store import default_cost_model
     from sangam.hardware import lookup_gpu, lookup_model
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if profile is not None and base.pages is None and profile.kv_pages is not None:
         base = dataclasses.replace(base, pages=profile.kv_pages)  # what the live worker has
     points = workload_points(base, listed(args, "qps", base.qps))
-    results = run_points(points, cost, cost_name, options, collect(RunFiles, args))
+    requests = sum(len(rows) for _, rows in points)
+    with bar("sim", "requests") if len(points) > 1 or requests >= MANY_REQUESTS else nullcontext() as watch:
+        results = run_points(points, cost, cost_name, options, collect(RunFiles, args), watch)
     print_sim_table([r.summary for r in results])
     return 0

@@ -25,10 +25,12 @@ class SweepOptions:
 
 def add_grid(parser: argparse.ArgumentParser) -> None:
     """The options `sangam sweep` and `sangam search` share: the grid, the fixed config, the testbed."""
+    from sim.engines import EngineOptions
     from sim.options import SimOptions
     from sim.sweep import GridOptions
 
     add_options(parser, GridOptions)
+    add_options(parser.add_argument_group("engine"), EngineOptions)
     add_options(parser, RunConfig, only=FIXED)
     add_options(parser, RunFiles, only=("progress",))
     add_options(parser.add_argument_group("testbed"), SimOptions)
@@ -44,18 +46,10 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.progress import bar
+    from sim.engines import EngineOptions, runner
     from sim.options import SimOptions
-    from sim.sweep import (
-        Cache,
-        Counts,
-        GridOptions,
-        evaluate,
-        grid,
-        plot_latency,
-        pool_runner,
-        tidy_rows,
-        write_table,
-    )
+    from sim.sweep import Cache, Counts, GridOptions, evaluate, grid, plot_latency, tidy_rows, write_table
 
     options = collect(SweepOptions, args)
     grid_options = collect(GridOptions, args)
@@ -65,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     cache = Cache(grid_options.cache or options.out / "cache")
     counts = Counts()
     started = time.perf_counter()
-    summaries = evaluate(points, pool_runner(grid_options.jobs), cache, counts)
+    engine = runner(collect(EngineOptions, args))
+    with bar("sweep", "points") as watch:
+        summaries = evaluate(points, engine, cache, counts, watch)
     rows = tidy_rows(points, summaries)
     written = write_table(rows, options.out) + plot_latency(rows, options.out)
     wall = time.perf_counter() - started

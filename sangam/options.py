@@ -31,6 +31,7 @@ class Option:
     metavar: str | None = None
     many: bool = False  # takes one or more values, repeatable (`--qps 6 7 --qps 8`)
     default_text: str | None = None  # what `--help` says of a None default
+    bare: Any = None  # not None: the value may be left out, and the flag alone means this (`--ray`)
 
 
 def option(
@@ -43,6 +44,7 @@ def option(
     metavar: str | None = None,
     many: bool = False,
     default_text: str | None = None,
+    bare: Any = None,
 ) -> Any:
     """A dataclass field with its command-line flag."""
     spec = Option(
@@ -53,6 +55,7 @@ def option(
         metavar,
         many,
         default_text,
+        bare,
     )
     return dataclasses.field(default=default, metadata={META: spec})
 
@@ -107,6 +110,8 @@ def add_options(
             kwargs.update(type=lambda text, p=kwargs["type"], n=f.name: _one(p(text), n), default=default)
         elif spec.many:
             kwargs.update(nargs="+", action="extend", default=None)
+        elif spec.bare is not None:
+            kwargs.update(nargs="?", const=spec.bare, default=default)
         else:
             kwargs["default"] = default
         parser.add_argument(*names, **kwargs)

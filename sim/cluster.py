@@ -21,7 +21,7 @@ flight, that a loss or a drop overtook is void when it would land.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -164,7 +164,9 @@ class Cluster:
         *,
         failures: Sequence[Failure] = (),
         restart_after_s: float | None = None,
+        on_request: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_request` hears how many requests have ended so far, each time some have."""
         for failure in failures:
             if failure.worker >= config.layout.num_workers:
                 raise ValueError(
@@ -191,6 +193,8 @@ class Cluster:
         self._restarts = 0  # restarts scheduled and not yet done
         self._controlled: dict[int, Dispatch] = {}  # request id -> its dispatch in the control delay
         self._moving: dict[int, Transfer] = {}  # request id -> its KV transfer in flight
+        self._on_request = on_request
+        self._requests_ended = 0
 
     def _batcher(self, worker: int, role: Role) -> Batcher:
         config = self.config.prefill_batch if role is Role.PREFILL else self.config.batch
@@ -217,6 +221,8 @@ class Cluster:
     def on_iteration(self, now: float, worker: int, outcome: Outcome) -> None:
         """Tell the router; stop the clock once the last block has ended."""
         self._blocks_left -= len(outcome.finished)
+        if self._on_request is not None:
+            self._ended(sum(req.finished for req in outcome.finished))
         self._apply(self.router.on_iteration(now, worker, outcome))
         self._stop_if_done()
 
@@ -313,4 +319,12 @@ class Cluster:
 
     def _fail(self, action: Fail) -> None:
         self._blocks_left -= action.req.n_blocks - action.req.block
+        if self._on_request is not None:
+            self._ended(1)
         self._stop_if_done()
+
+    def _ended(self, requests: int) -> None:
+        if requests:
+            assert self._on_request is not None
+            self._requests_ended += requests
+            self._on_request(self._requests_ended)

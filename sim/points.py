@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sangam.config import RunConfig, RunFiles, load_progress
 from sangam.cost import CostModel
 from sangam.outdir import point_dirs
 from sangam.results import ITERATION_COLUMNS, write_csv, write_results
+from sangam.tally import Tally, Watcher
 from sangam.workload import TraceRow
 from sim.options import SimOptions
 from sim.run import SimResult, simulate
@@ -19,8 +20,10 @@ def run_points(
     cost_name: str,
     options: SimOptions,
     files: RunFiles,
+    watch: Watcher | None = None,
 ) -> list[SimResult]:
-    """Simulate each (config, rows) point; write its results under `files.out` and its iteration log."""
+    """Simulate each (config, rows) point; write its results under `files.out` and its iteration log.
+    `watch` hears the requests simulated of all the points' as each ends."""
     progress = load_progress(files.progress)
     link = options.link_spec()
     failures = options.failures()
@@ -29,7 +32,12 @@ def run_points(
     rates = [cfg.qps for cfg, _ in points]
     dirs = point_dirs(files.out, rates) if files.out else []
     results = []
+    total, before = sum(len(rows) for _, rows in points), 0
     for i, (cfg, rows) in enumerate(points):
+        on_request = None
+        if watch is not None:
+            on_request = _offset(watch, before, total)
+            watch(Tally(before, total))
         result = simulate(
             cfg,
             rows,
@@ -40,7 +48,9 @@ def run_points(
             log_iterations=bool(files.iteration_log),
             failures=failures,
             restart_after_s=options.restart_after,
+            on_request=on_request,
         )
+        before += len(rows)
         result.summary.update(cost_model=cost_name, kv_link=options.kv_link(), control_ms=options.control_ms)
         results.append(result)
         if dirs:
@@ -50,3 +60,7 @@ def run_points(
             path = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}") if len(points) > 1 else log
             write_csv(path, ITERATION_COLUMNS, result.iterations)
     return results
+
+
+def _offset(watch: Watcher, before: int, total: int) -> Callable[[int], None]:
+    return lambda ended: watch(Tally(before + ended, total))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ def simulate(
     log_iterations: bool = False,
     failures: Sequence[Failure] = (),
     restart_after_s: float | None = None,
+    on_request: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion, or ends
     with ERROR (`Request.error`) where failures leave the layout unable to serve it.
@@ -46,6 +47,7 @@ def simulate(
     `control_s`: the control plane's delay on every dispatch (default: as measured live).
     `failures`: workers lost at given times (`sangam.faults.parse_failures`); each comes back empty
     `restart_after_s` after its loss if that is given, else never.
+    `on_request`: told how many requests have ended so far, each time some have (a progress bar).
     """
     started = time.perf_counter()
     requests = build_requests(cfg, rows, progress)
@@ -61,7 +63,10 @@ def simulate(
     )
     router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta, policy=cfg.policy)
     log: list[tuple[Any, ...]] | None = [] if log_iterations else None
-    cluster = Cluster(cluster_config, cost, router, log, failures=failures, restart_after_s=restart_after_s)
+    cluster = Cluster(
+        cluster_config, cost, router, log, failures=failures, restart_after_s=restart_after_s,
+        on_request=on_request,
+    )  # fmt: skip
     cluster.run(requests)
     recovery = RecoveryCounts(
         router.workers_lost, router.requests_recovered, router.forwards_redone, router.requests_failed

@@ -22,6 +22,7 @@ from typing import Any
 from sangam.args import positive_float
 from sangam.options import option
 from sangam.results import METRICS
+from sangam.tally import Tally, Watcher
 from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
@@ -106,6 +107,15 @@ class Bracket:
         else:
             self.hi = rate if self.hi is None else min(self.hi, rate)
 
+    def left(self) -> int:
+        """An estimate of the probes still to come: the bisection's, once bracketed; before that, one
+        more doubling (assumed to fail) and the bisection after it."""
+        if self.next() is None:
+            return 0
+        if self.hi is None:
+            return 1 + ((self.lo or self.start) - 1).bit_length()
+        return (self.hi - self.lo - 1).bit_length()
+
     @property
     def capped(self) -> bool:
         """The SLO still held at the highest rate allowed: the answer is a lower bound."""
@@ -128,16 +138,24 @@ def search(
     cache: Cache,
     options: SearchOptions,
     counts: Counts | None = None,
+    watch: Watcher | None = None,
 ) -> list[Answer]:
     """Every configuration's highest rate under the SLOs, best first (ties: in the order given). Each
-    round probes one rate per unfinished configuration, every seed, all at once on the runner."""
+    round probes one rate per unfinished configuration, every seed, all at once on the runner. `watch`
+    hears the points (probe x seed) done of an estimated total (`Bracket.left`), and the configurations
+    answered."""
     g = options.granularity
     cap = int(options.max_qps / g + 1e-9)
     brackets = [Bracket(max(1, min(cap, round(options.start_qps / g))), cap) for _ in configs]
+    done = 0
     while True:
         todo = [(i, rate) for i, b in enumerate(brackets) if (rate := b.next()) is not None]
         if not todo:
             break
+        round_watch = None
+        if watch is not None:
+            total = done + len(seeds) * sum(b.left() for b in brackets)
+            round_watch = _offset(watch, done, total, f"{len(configs) - len(todo)}/{len(configs)} answered")
         points = [
             dataclasses.replace(
                 configs[i], config=dataclasses.replace(configs[i].config, qps=_rate(rate, g), seed=seed)
@@ -145,16 +163,24 @@ def search(
             for i, rate in todo
             for seed in seeds
         ]
-        summaries = evaluate(points, runner, cache, counts)
+        summaries = evaluate(points, runner, cache, counts, round_watch)
+        done += len(points)
         for n, (i, rate) in enumerate(todo):
             mine = summaries[n * len(seeds) : (n + 1) * len(seeds)]
             values = {slo.text: slo.value(mine) for slo in slos}
             brackets[i].record(rate, all(slo.value(mine) <= slo.limit for slo in slos), values)
+    if watch is not None:
+        watch(Tally(done, done, f"{len(configs)}/{len(configs)} answered"))
     answers = [
         Answer(p, _rate(b.lo, g), b.capped, tuple((_rate(r, g), ok, v) for r, ok, v in b.probes))
         for p, b in zip(configs, brackets, strict=True)
     ]
     return sorted(answers, key=lambda a: -a.max_qps)
+
+
+def _offset(watch: Watcher, before: int, total: int, note: str) -> Watcher:
+    """`watch` told of one round's points as part of the whole search."""
+    return lambda tally: watch(Tally(before + tally.done, total, note))
 
 
 def _rate(units: int, granularity: float) -> float:

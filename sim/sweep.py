@@ -3,9 +3,9 @@
 A point is one resolved `RunConfig` (layout, budget, theta, rate, seed, KV pages made explicit) plus the
 testbed options that price it (`SimOptions`) and the progress model spec. Its cache key is a hash of all
 of that and of the code that computes it (`code_version`: the sources of sangam/, sim/ and profiles/,
-profile data included), so a repeated or interrupted sweep runs only the points it lacks. Points run in a
-local process pool (or in-process with one job); a point's result depends only on its key, so the tidy
-table is the same whatever the number of jobs.
+profile data included), so a repeated or interrupted sweep runs only the points it lacks. Points run on an
+engine (`sim.engines`: a local process pool, or Ray); a point's result depends only on its key, so the
+tidy table is the same whatever runs it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import hashlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from sangam.cost import CostModel
 from sangam.hardware import MODELS
 from sangam.layout import parse_mode
 from sangam.options import option
+from sangam.tally import Tally, Watcher
 from sim.options import SimOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,10 +78,6 @@ class GridOptions:
     )
     seeds: tuple[int, ...] = option(0, "seeds; every point runs once per seed", parse=seed_list,
                                     aliases=("--seed",), many=True)  # fmt: skip
-    jobs: int = option(
-        os.cpu_count() or 1, "simulations run at once, in a local process pool (1: in this process)",
-        parse=positive_int, aliases=("-j",), default_text="the number of cores",
-    )  # fmt: skip
     cache: Path | None = option(
         None, "keep one result per point here, keyed by its resolved configuration and the code version",
         parse=Path, metavar="DIR",
@@ -192,6 +187,8 @@ def run_point(point: Point) -> dict[str, Any]:
         progress=load_progress(point.progress),
         link=point.sim.link_spec(),
         control_s=point.sim.control_ms / 1000,
+        failures=point.sim.failures(),
+        restart_after_s=point.sim.restart_after,
     )
     summary = result.summary
     summary.update(cost_model=cost_name, kv_link=point.sim.kv_link(), control_ms=point.sim.control_ms)
@@ -249,36 +246,18 @@ class Counts:
     cached: int = 0
 
 
-Runner = Callable[[Sequence[Point]], Iterator[tuple[int, dict[str, Any]]]]
-
-
-def pool_runner(jobs: int) -> Runner:
-    """Run points `jobs` at a time in fresh processes (spawned: no state of this one leaks in), or in
-    this process with one job; yields (index, summary) as each finishes."""
-
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
-        if jobs == 1 or len(points) <= 1:
-            for i, point in enumerate(points):
-                yield i, run_point(point)
-            return
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(jobs, len(points)), mp_context=context) as pool:
-            futures: dict[Future[dict[str, Any]], int] = {
-                pool.submit(run_point, p): i for i, p in enumerate(points)
-            }
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=futures.__getitem__):
-                    yield futures[future], future.result()
-
-    return run
+Runner = Callable[[Sequence[Point]], Iterator[tuple[int, dict[str, Any]]]]  # an engine: sim.engines
 
 
 def evaluate(
-    points: Sequence[Point], runner: Runner, cache: Cache, counts: Counts | None = None
+    points: Sequence[Point],
+    runner: Runner,
+    cache: Cache,
+    counts: Counts | None = None,
+    watch: Watcher | None = None,
 ) -> list[dict[str, Any]]:
-    """Every point's summary, from the cache or run (and cached as soon as it finishes), in order."""
+    """Every point's summary, from the cache or run (and cached as soon as it finishes), in order;
+    `watch` hears the points done (those from the cache first) of all of them as each finishes."""
     code = code_version()
     keys = [p.key(code) for p in points]
     summaries: list[dict[str, Any] | None] = [cache.get(k) for k in keys]
@@ -286,10 +265,16 @@ def evaluate(
     if counts is not None:
         counts.cached += len(points) - len(missing)
         counts.ran += len(missing)
+    done = len(points) - len(missing)
+    if watch is not None:
+        watch(Tally(done, len(points)))
     for j, summary in runner([points[i] for i in missing]):
         i = missing[j]
         cache.put(keys[i], points[i], summary)
         summaries[i] = summary
+        done += 1
+        if watch is not None:
+            watch(Tally(done, len(points)))
     return [s for s in summaries if s is not None]
 
 

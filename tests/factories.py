@@ -1,10 +1,16 @@
-"""Factories for CPU tests: requests with exact sequence lengths and planned forwards."""
+"""Factories for CPU tests: requests with exact sequence lengths and planned forwards, a sweep engine
+that runs nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 from sangam.batcher import BatchConfig, Batcher, Policy
+from sangam.config import RunConfig
 from sangam.kv import PagePool
 from sangam.request import Request
+from sim.sweep import Point, Runner
 
 
 def make_request(rid: int, seq_len: int, *, arrival: float = 0.0, steps: tuple[int, ...] = (32,)) -> Request:
@@ -31,3 +37,13 @@ def seat_decodes(batcher: Batcher, n: int, *, first_id: int = 1000, seq_len: int
         req.step = 1
         batcher.add_decode(req)
     return reqs
+
+
+def fake_runner(metric: Callable[[RunConfig], float]) -> Runner:
+    """A runner whose summaries are `metric(point)` as mean_e2el_ms, in reverse order of the points."""
+
+    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        for i in reversed(range(len(points))):
+            yield i, {"mean_e2el_ms": metric(points[i].config)}
+
+    return run

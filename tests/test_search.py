@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from sim.search import Bracket, Slo, parse_slo
+from sangam.config import RunConfig
+from sim.options import SimOptions
+from sim.search import Bracket, SearchOptions, Slo, parse_slo, search
+from sim.sweep import Cache, Point
+from tests.factories import fake_runner
 
 SMALL = ["--num-requests", "60", "--cost", "analytic", "--jobs", "1"]
 
@@ -36,6 +40,23 @@ def test_a_rate_that_never_fails_stops_at_the_cap_and_says_so() -> None:
     while (rate := bracket.next()) is not None:
         bracket.record(rate, True, {})
     assert bracket.lo == 48 and bracket.capped
+
+
+def test_a_probe_meets_the_slo_when_its_mean_over_the_seeds_does() -> None:
+    """One seed's metric is the rate, the other's 3 s above it: the mean meets 2 s up to 0.5 QPS, while
+    the first seed alone would meet it up to 2, the second at no rate."""
+
+    def metric(cfg: RunConfig) -> float:
+        return 1000 * (cfg.qps + (3 if cfg.seed == 1 else 0))
+
+    slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
+    options = SearchOptions(granularity=0.1, start_qps=1.0)
+    config = [Point(RunConfig(), SimOptions())]
+    (both,) = search(config, [slo], [0, 1], fake_runner(metric), Cache(None), options)
+    (first,) = search(config, [slo], [0], fake_runner(metric), Cache(None), options)
+    (second,) = search(config, [slo], [1], fake_runner(metric), Cache(None), options)
+    assert (both.max_qps, first.max_qps, second.max_qps) == (0.5, 2.0, 0.0)
+    assert all(values["mean_e2el_s=2"] == 1000 * (q + 1.5) for q, _, values in both.probes)
 
 
 def test_the_answer_meets_the_slo_in_sangam_sim_and_one_step_above_does_not(tmp_path: Path) -> None:

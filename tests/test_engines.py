@@ -1,0 +1,101 @@
+"""The engines of `sangam sweep` and `sangam search`: Ray tasks give the local pool's tidy table byte for
+byte (a local Ray instance on CPU), `--ray [ADDRESS]` parses, and a missing Ray or a worker running other
+code is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from cli.main import build_parser, main
+from sangam.config import RunConfig
+from sim.engines import LOCAL_RAY, EngineOptions, _checked_point, pool_runner, ray_runner, runner
+from sim.options import SimOptions
+from sim.sweep import Point, code_version
+
+GRID = ["--gpus", "2", "--layouts", "2C", "1P1C", "--num-requests", "20", "--cost", "analytic"]
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def quiet(argv: list[str]) -> str:
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert main(argv) == 0
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    if not HAS_RAY:
+        pytest.skip("ray is not installed (pip install 'sangam[ray]')")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+def test_ray_tasks_write_the_local_pools_table_byte_for_byte(local_ray: None, tmp_path: Path) -> None:
+    sweep = ["sweep", *GRID, "--qps", "1", "4", "--seeds", "0", "1"]
+    quiet([*sweep, "--jobs", "1", "--out", str(tmp_path / "local")])
+    quiet([*sweep, "--ray", "--out", str(tmp_path / "ray")])
+    local, ray = (tmp_path / name / "sweep.csv" for name in ("local", "ray"))
+    assert len(local.read_text().splitlines()) == 1 + 8
+    assert ray.read_bytes() == local.read_bytes()
+
+
+def test_a_search_on_ray_answers_as_the_local_pool_does(local_ray: None, tmp_path: Path) -> None:
+    search = ["search", *GRID, "--slo", "mean_e2el_s=3", "--granularity", "0.5"]
+    quiet([*search, "--jobs", "2", "--out", str(tmp_path / "local.csv")])
+    quiet([*search, "--ray", "--out", str(tmp_path / "ray.csv")])
+    assert (tmp_path / "ray.csv").read_bytes() == (tmp_path / "local.csv").read_bytes()
+
+
+def test_ray_flag_alone_means_a_local_instance_and_takes_an_address() -> None:
+    parser = build_parser()
+    base = ["sweep", "--out", "x"]
+    assert parser.parse_args(base).ray is None
+    assert parser.parse_args([*base, "--ray"]).ray == LOCAL_RAY
+    assert parser.parse_args([*base, "--ray", "ray://head:10001"]).ray == "ray://head:10001"
+    assert parser.parse_args(["search", "--ray", "--slo", "p99_e2el_s=3"]).ray == LOCAL_RAY
+
+
+def test_the_option_picks_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen: list[object] = []
+    monkeypatch.setattr("sim.engines.ray_runner", lambda address: chosen.append(("ray", address)))
+    monkeypatch.setattr("sim.engines.pool_runner", lambda jobs: chosen.append(("pool", jobs)))
+    runner(EngineOptions(jobs=3))
+    runner(EngineOptions(jobs=3, ray="head:6379"))
+    assert chosen == [("pool", 3), ("ray", "head:6379")]
+
+
+def test_without_ray_installed_ray_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(RuntimeError, match=r"sangam\[ray\]"):
+        ray_runner(LOCAL_RAY)
+    assert main(["sweep", *GRID, "--ray", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sangam: error: --ray needs Ray") and err.count("\n") == 1
+
+
+def test_a_ray_worker_with_other_code_refuses_its_point() -> None:
+    point = Point(RunConfig(num_requests=5, gpus=1), SimOptions(cost="analytic"))
+    assert _checked_point(point, code_version())["completed"] == 5
+    with pytest.raises(RuntimeError, match="install the same"):
+        _checked_point(point, "not-this-code")
+
+
+def test_the_pool_yields_every_point_once() -> None:
+    points = [Point(RunConfig(num_requests=5, gpus=1, qps=q), SimOptions(cost="analytic")) for q in (1, 2, 3)]
+    results = dict(pool_runner(2)(points))
+    assert sorted(results) == [0, 1, 2]
+    assert [results[i]["config"]["qps"] for i in range(3)] == [1, 2, 3]

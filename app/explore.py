@@ -11,6 +11,7 @@ from app import analysis, charts
 from app.inputs import InputError, Setup, UploadedTrace, build_setup, default_mask_len, read_uploaded_trace
 from app.sweep import COSTS, PointResult, profile_label
 from app.ui import COST_LABELS, chart, run_points
+from profiles.testbeds import known_testbeds
 from sangam.batcher import Policy
 from sangam.config import DATASETS, RunConfig
 from sangam.hardware import GPUS, MODELS
@@ -35,6 +36,15 @@ def sidebar() -> dict[str, Any] | None:
         [*DATASETS, UPLOAD],
         key="trace",
         format_func=lambda t: "upload a trace file" if t == UPLOAD else f"{t} (synthetic)",
+    )
+    testbed = st.sidebar.selectbox(
+        "Testbed",
+        ["", *known_testbeds()],
+        key="testbed",
+        format_func=lambda t: t or "the GPU profile below",
+        help="As `sangam sim --testbed`: GPU, profiles, KV pages, forwards per block, KV link, control "
+        "delay and arrivals of a named testbed (profiles/data/testbeds); a progress model given below "
+        "overrides its forwards per block",
     )
     gpu = st.sidebar.selectbox(
         "GPU profile",
@@ -150,6 +160,7 @@ def sidebar() -> dict[str, Any] | None:
         "cost": cost,
         "policy": policy,
         "arrival_cv": float(arrival_cv) or None,
+        "testbed": testbed,
     }
 
 
@@ -177,6 +188,10 @@ def describe(setup: Setup, results: list[PointResult]) -> str:
     cfg = setup.base
     trace = f"uploaded {setup.trace.name} ({len(setup.trace.rows)} rows)" if setup.trace else cfg.trace
     arrivals = "Poisson" if cfg.arrival_cv is None else f"gamma (CV {cfg.arrival_cv:g})"
+    if cfg.arrival_clip is not None:
+        arrivals += f" (gaps clipped at {cfg.arrival_clip:g} mean gaps)"
+    if setup.testbed:
+        arrivals += f", testbed {setup.testbed}"
     return (
         f"**{cfg.model}** on {cfg.gpus} **{cfg.gpu}** GPUs, trace {trace}, "
         f"{cfg.num_requests} requests per point, τ {cfg.budget} (prefill role {cfg.prefill_budget}), "

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.sweep import COSTS, PointSpec, point_specs, profile_pages
+from profiles.testbeds import load_testbed, testbed_options
 from sangam.batcher import Policy
-from sangam.config import RunConfig
+from sangam.config import CONTROL_MS, RunConfig
 from sangam.layout import parse_mode
 from sangam.progress import parse_progress
 from sangam.traces import TraceError, read_trace
 from sangam.workload import TraceRow
+from sim.cluster import LinkSpec
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
 TRACE_SUFFIXES = ("csv", "jsonl", "json")
@@ -44,6 +46,9 @@ class Setup:
     progress: str
     trace: UploadedTrace | None
     cost: str  # one of app.sweep.COSTS
+    testbed: str = ""  # '' : the GPU's own profile, the simulator's default link and control delay
+    link: LinkSpec = LinkSpec()
+    control_s: float = CONTROL_MS / 1000
 
     def specs(self) -> list[PointSpec]:
         rows, digest = (self.trace.rows, self.trace.digest) if self.trace else (None, "")
@@ -56,6 +61,9 @@ class Setup:
             rows=rows,
             trace_digest=digest,
             cost=self.cost,
+            testbed=self.testbed,
+            link=self.link,
+            control_s=self.control_s,
         )
 
 
@@ -178,12 +186,26 @@ def build_setup(
     arrival_cv: float | None = None,
     policy: str = Policy.DEFICIT.value,
     cost: str = "profile",
+    testbed: str = "",
 ) -> Setup:
-    """Check every sidebar value and build the comparison; the first problem raises InputError."""
+    """Check every sidebar value and build the comparison; the first problem raises InputError. A
+    `testbed` sets the GPU, KV pages, forwards per block (unless `progress` is given), the arrival clip
+    (unless `arrival_cv` is), the KV link and the control delay."""
     names = parse_layouts(layouts, gpus)
     rates = qps_points(qps_min, qps_max, qps_count)
     seed_list = parse_seeds(seeds)
     progress = check_progress(progress)
+    link, control_s, arrival_clip = LinkSpec(), CONTROL_MS / 1000, None
+    if testbed:
+        try:
+            bed = load_testbed(testbed)
+            gpu = bed.gpu
+            progress = progress or bed.progress_spec(model, trace if trace != "upload" else "sharegpt")
+            options = testbed_options(bed, {})
+            link, control_s = options.link_spec(), options.control_ms / 1000
+            arrival_clip = bed.arrival.clip if arrival_cv is None else None
+        except ValueError as err:
+            raise InputError(str(err)) from None
     if cost not in COSTS:
         raise InputError(f"iteration times come from one of {', '.join(COSTS)}, got {cost!r}")
     if trace == "upload" and upload is None:
@@ -204,13 +226,17 @@ def build_setup(
             else num_requests,
             mask_len=mask_len,
             arrival_cv=arrival_cv,
+            arrival_clip=arrival_clip,
             budget=budget,
             prefill_budget=prefill_budget,
             theta=theta,
             policy=Policy(policy),
             seed=seed_list[0],
-            pages=profile_pages(model, gpu, cost),  # the profiled live worker's, as `sangam sim` does
+            pages=profile_pages(
+                model, gpu, cost, testbed
+            ),  # the profiled live worker's, as `sangam sim` does
         )
     except ValueError as err:
         raise InputError(str(err)) from None
-    return Setup(base, names, rates, seed_list, progress, upload if trace == "upload" else None, cost)
+    uploaded = upload if trace == "upload" else None
+    return Setup(base, names, rates, seed_list, progress, uploaded, cost, testbed, link, control_s)

@@ -19,6 +19,7 @@ from typing import Any
 from app.series import WorkerSeries, record_table, worker_series
 from profiles.analytic import AnalyticCostModel
 from profiles.store import Profile, default_cost_model
+from profiles.testbeds import load_testbed, testbed_cost_model
 from sangam.config import CONTROL_MS, RunConfig, synthetic_rows, with_arrival_times
 from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
@@ -44,6 +45,7 @@ class PointSpec:
     rows: tuple[TraceRow, ...] | None = None  # None: the synthetic trace `cfg.trace`
     trace_digest: str = ""  # names `rows` in `key`
     cost: str = "profile"  # one of COSTS
+    testbed: str = ""  # a testbed prices the iterations ('': the profile of cfg.gpu, `sangam-<gpu>`'s)
     link: LinkSpec = LinkSpec()  # the KV link of disaggregated and hybrid layouts
     control_s: float = CONTROL_MS / 1000  # the control plane's delay on every dispatch
 
@@ -54,6 +56,8 @@ class PointSpec:
         del config["mode"]  # its "layout" names the workers whichever way the mode was spelt
         link = [self.link.gb_per_s, self.link.latency_s]
         parts = [config, self.progress, self.trace_digest, self.cost, link, self.control_s]
+        if self.testbed:
+            parts.append(self.testbed)
         return json.dumps(parts, sort_keys=True, default=str)
 
 
@@ -75,17 +79,29 @@ def _priced(model: str, gpu: str, cost: str) -> tuple[CostModel, str, Profile | 
     return AnalyticCostModel(lookup_model(model), lookup_gpu(gpu)), "analytic", None
 
 
-def cost_model(cfg: RunConfig, cost: str = "profile") -> tuple[CostModel, str]:
+@functools.cache
+def _on_testbed(testbed: str, model: str, cost: str) -> tuple[CostModel, str, Profile | None]:
+    return testbed_cost_model(load_testbed(testbed), model, cost)
+
+
+def cost_model(cfg: RunConfig, cost: str = "profile", testbed: str = "") -> tuple[CostModel, str]:
     """The iteration-time model `sangam sim --cost` picks for `cfg`, and its name: with 'profile', the
-    measured (or derived) profile of the model on the GPU where one exists, else the analytic model."""
-    model, name, _ = _priced(cfg.model, cfg.gpu, cost)
+    measured (or derived) profile of the model on the GPU (on `testbed`'s, if given) where one exists,
+    else the analytic model."""
+    model, name, _ = _on_testbed(testbed, cfg.model, cost) if testbed else _priced(cfg.model, cfg.gpu, cost)
     return model, name
 
 
-def profile_pages(model: str, gpu: str, cost: str = "profile") -> int | None:
+def profile_pages(model: str, gpu: str, cost: str = "profile", testbed: str = "") -> int | None:
     """KV pages per worker of the live worker a profile was measured on (None: from GPU memory), as
-    `sangam sim` defaults them."""
-    profile = _priced(model, gpu, cost)[2]
+    `sangam sim` defaults them (on `testbed`, if given: its pages, else its profile's)."""
+    if testbed:
+        pages = load_testbed(testbed).pages(model)
+        return pages if pages is not None else profile_pages_of(_on_testbed(testbed, model, cost)[2])
+    return profile_pages_of(_priced(model, gpu, cost)[2])
+
+
+def profile_pages_of(profile: Profile | None) -> int | None:
     return profile.kv_pages if profile is not None else None
 
 
@@ -107,7 +123,7 @@ def point_rows(spec: PointSpec) -> list[TraceRow]:
 def run_point(spec: PointSpec) -> PointResult:
     """Simulate one point in this process."""
     progress = parse_progress(spec.progress) if spec.progress else None
-    cost, cost_name = cost_model(spec.cfg, spec.cost)
+    cost, cost_name = cost_model(spec.cfg, spec.cost, spec.testbed)
     result = simulate(
         spec.cfg, point_rows(spec), cost, progress=progress, link=spec.link, control_s=spec.control_s
     )
@@ -135,10 +151,22 @@ def point_specs(
     rows: tuple[TraceRow, ...] | None = None,
     trace_digest: str = "",
     cost: str = "profile",
+    testbed: str = "",
+    link: LinkSpec = LinkSpec(),
+    control_s: float = CONTROL_MS / 1000,
 ) -> list[PointSpec]:
     """Every (layout, rate, seed) combination of `base`, in that order."""
     return [
-        PointSpec(replace(base, mode=mode, qps=qps, seed=seed), progress, rows, trace_digest, cost)
+        PointSpec(
+            replace(base, mode=mode, qps=qps, seed=seed),
+            progress,
+            rows,
+            trace_digest,
+            cost,
+            testbed,
+            link,
+            control_s,
+        )
         for mode in layouts
         for qps in rates
         for seed in seeds

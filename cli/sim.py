@@ -9,10 +9,17 @@ from typing import Any
 
 from sangam.config import RunConfig, RunFiles, workload_points
 from sangam.layout import parse_mode
-from sangam.options import add_options, collect, listed
+from sangam.options import add_options, collect, declared, listed
 
 DEFAULT_GPUS = RunConfig().gpus
 MANY_REQUESTS = 20_000  # a point of this many requests takes about 10 s: worth a progress bar
+# The options a testbed sets when they are not given: absent flags parse as None
+TESTBED_DEFAULTS: dict[str, Any] = {
+    "gpu": None,
+    "control_ms": None,
+    "link_gbps": None,
+    "link_latency_ms": None,
+}
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -21,9 +28,14 @@ def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(
         name, help="simulate a layout on a workload (SimPy, profiled iteration times)"
     )
-    add_options(parser, RunConfig, defaults={"gpus": None}, default_text={"gpus": str(DEFAULT_GPUS)})
-    add_options(parser, RunFiles)
-    add_options(parser.add_argument_group("testbed"), SimOptions)
+    add_options(
+        parser, RunConfig, defaults={"gpus": None, "gpu": None},
+        default_text={"gpus": str(DEFAULT_GPUS), "gpu": "the testbed's"},
+    )  # fmt: skip
+    add_options(parser, RunFiles, default_text={"progress": "the testbed's per model and trace"})
+    group = parser.add_argument_group("testbed")
+    testbeds = {name: "the testbed's" for name in ("control_ms", "link_gbps", "link_latency_ms")}
+    add_options(group, SimOptions, defaults=TESTBED_DEFAULTS, default_text=testbeds)
 
 
 def base_config(args: argparse.Namespace, **fixed: Any) -> RunConfig:
@@ -35,30 +47,37 @@ def base_config(args: argparse.Namespace, **fixed: Any) -> RunConfig:
     return collect(RunConfig, args, qps=RunConfig().qps, **fixed)
 
 
+def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The flags of `cls` as parsed (None where a testbed-set option was not given)."""
+    return {f.name: getattr(args, f.name) for f, _ in declared(cls) if hasattr(args, f.name)}
+
+
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
-    from profiles.analytic import AnalyticCostModel
-    from profiles.store import default_cost_model
-    from sangam.hardware import lookup_gpu, lookup_model
+    from profiles.testbeds import (
+        choose_testbed,
+        testbed_config,
+        testbed_cost_model,
+        testbed_options,
+        testbed_progress,
+    )
     from sangam.report import print_sim_table
     from sim.options import SimOptions
     from sim.points import run_points
 
-    base = base_config(args)
-    options = collect(SimOptions, args)
-    if options.cost == "profile":
-        cost, cost_name, profile = default_cost_model(base.model, base.gpu)
-    else:
-        cost, cost_name, profile = (
-            AnalyticCostModel(lookup_model(base.model), lookup_gpu(base.gpu)),
-            "analytic",
-            None,
-        )
-    if profile is not None and base.pages is None and profile.kv_pages is not None:
-        base = dataclasses.replace(base, pages=profile.kv_pages)  # what the live worker has
+    testbed = choose_testbed(args.testbed, args.gpu)
+    base = base_config(args, gpu=testbed.gpu)
+    given = given_options(args, SimOptions)
+    options = testbed_options(testbed, given)
+    cost, cost_name, profile = testbed_cost_model(testbed, base.model, options.cost)
+    base = testbed_config(testbed, base, profile, vars(args))
+    files = collect(RunFiles, args)
+    files = dataclasses.replace(
+        files, progress=testbed_progress(testbed, base.model, base.trace, files.progress)
+    )
     points = workload_points(base, listed(args, "qps", base.qps))
     requests = sum(len(rows) for _, rows in points)
     with bar("sim", "requests") if len(points) > 1 or requests >= MANY_REQUESTS else nullcontext() as watch:
-        results = run_points(points, cost, cost_name, options, collect(RunFiles, args), watch)
+        results = run_points(points, cost, cost_name, options, files, watch)
     print_sim_table([r.summary for r in results])
     return 0

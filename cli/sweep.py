@@ -33,7 +33,7 @@ def add_grid(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("engine"), EngineOptions)
     add_options(parser, RunConfig, only=FIXED)
     add_options(parser, RunFiles, only=("progress",))
-    add_options(parser.add_argument_group("testbed"), SimOptions)
+    add_options(parser.add_argument_group("testbed"), SimOptions, skip=("testbed",))  # not yet in sweeps
 
 
 def add_parser(commands: Any, name: str) -> None:

@@ -11,6 +11,7 @@ from sangam.options import add_options, collect, listed
 
 def add_parser(commands: Any, name: str) -> None:
     from profiles.validate import ValidateOptions
+    from sim.options import SimOptions
 
     parser = commands.add_parser(name, help="run one trace live and simulated; report the errors")
     add_options(
@@ -19,6 +20,9 @@ def add_parser(commands: Any, name: str) -> None:
         default_text={"qps": "30%, 60% and 90% of the simulated knee"},
     )  # fmt: skip
     add_options(parser, ValidateOptions)
+    add_options(
+        parser, SimOptions, only=("testbed",), default_text={"testbed": "sangam-<gpu>, so sangam-h200"}
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,4 +30,4 @@ def run(args: argparse.Namespace) -> int:
 
     rates = listed(args, "qps", None) if args.qps is not None else None
     base = collect(RunConfig, args, qps=RunConfig().qps)
-    return run_validate(base, rates, collect(ValidateOptions, args))
+    return run_validate(base, rates, collect(ValidateOptions, args), args.testbed)

@@ -103,19 +103,29 @@ def load_profile(model: str, gpu: str, root: Path = DATA) -> Profile | None:
     """The measured (or derived) profile of `model` on `gpu`, fitting it if the cache is stale."""
     lookup_model(model)
     lookup_gpu(gpu)
-    data, meta_path, _ = paths(model, gpu, root)
-    if data.exists():
-        meta = json.loads(meta_path.read_text())
-        coefficients, report = _fitted(model, gpu, meta, root)
-        return Profile(model, gpu, coefficients, meta, report)
+    if paths(model, gpu, root)[0].exists():
+        return load_profile_dir(model, gpu, gpu, root)
     source = DERIVED_FROM.get(gpu)
-    base = load_profile(model, source, root) if source else None
-    if base is None or source is None:
+    return load_profile_dir(model, source, gpu, root) if source else None
+
+
+def load_profile_dir(model: str, directory: str, gpu: str, root: Path = DATA) -> Profile | None:
+    """The profile measured in `root/directory/` (its metadata names the GPU it ran on), derived to
+    `gpu` when that is another GPU (as `load_profile` derives H100 from H200); None without data."""
+    lookup_model(model)
+    target = lookup_gpu(gpu)
+    data, meta_path, _ = paths(model, directory, root)
+    if not data.exists():
         return None
-    ratio = lookup_gpu(source).tb_per_s / lookup_gpu(gpu).tb_per_s
-    meta = {**base.meta, "gpu": gpu, "derived": True, "bandwidth_ratio": ratio}
+    meta = json.loads(meta_path.read_text())
+    measured_on = str(meta.get("gpu", directory))
+    coefficients, report = _fitted(model, directory, meta, root)
+    if measured_on == gpu:
+        return Profile(model, gpu, coefficients, meta, report)
+    ratio = lookup_gpu(measured_on).tb_per_s / target.tb_per_s
+    meta = {**meta, "gpu": gpu, "derived": True, "bandwidth_ratio": ratio, "data": directory}
     meta.pop("kv_pages", None)  # memory differs: pages come from the GPU's memory, not the source's
-    return Profile(model, gpu, base.coefficients.derived(ratio), meta, base.report, derived_from=source)
+    return Profile(model, gpu, coefficients.derived(ratio), meta, report, derived_from=measured_on)
 
 
 def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coefficients, dict[str, Any]]:

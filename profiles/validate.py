@@ -20,11 +20,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from profiles.store import Profile, default_cost_model, load_profile
+from profiles.store import Profile
+from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_options, testbed_profile
 from sangam.config import RunConfig, RunFiles, synthetic_rows
 from sangam.options import option
 from sim.cluster import LinkSpec
-from sim.options import SimOptions
 from sim.points import run_points
 from sim.run import simulate
 
@@ -85,17 +85,23 @@ class ValidateOptions:
     link: str | None = option(None, "the simulator's KV link profile (disaggregated and hybrid modes)")
 
 
-def run_validate(base: RunConfig, rates: Sequence[float] | None, options: ValidateOptions) -> int:
+def run_validate(
+    base: RunConfig, rates: Sequence[float] | None, options: ValidateOptions, testbed_name: str | None = None
+) -> int:
     """Run `base` live (unless `options.live_results` holds the runs) and simulated at each rate (default:
-    30/60/90% of the simulated knee); print and write the errors."""
-    profile = load_profile(base.model, base.gpu)
+    30/60/90% of the simulated knee); print and write the errors. The simulator models `testbed_name`
+    (default `sangam-<gpu>`): its profile, KV link (unless `options.link`) and control delay."""
+    testbed = choose_testbed(testbed_name, base.gpu)
+    profile = testbed_profile(testbed, base.model)
     if profile is None or profile.kv_pages is None:
-        raise ValueError(f"no measured profile of {base.model} on {base.gpu}: run sangam profile first")
+        raise ValueError(
+            f"no measured profile of {base.model} on {base.gpu} in testbed {testbed.name}: run sangam profile"
+        )
     base = dataclasses.replace(base, pages=profile.kv_pages)
-    sim_options = SimOptions(link=options.link)
+    sim_options = testbed_options(testbed, {"link": options.link})
     link = sim_options.link_spec()
     loads = list(rates) if rates else [round(share * knee(base, profile, link), 2) for _, share in SHARES]
-    cost, cost_name, _ = default_cost_model(base.model, base.gpu)
+    cost, cost_name, _ = testbed_cost_model(testbed, base.model)
     points = []
     labels = [name for name, _ in SHARES] if not rates else [f"{q:g}" for q in loads]
     for label, qps in zip(labels, loads, strict=True):

@@ -16,7 +16,14 @@ from sangam.layout import Layout, parse_mode
 from sangam.options import option
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request
-from sangam.workload import MASK_LEN, TraceRow, check_arrival_cv, sample_lengths, with_arrivals
+from sangam.workload import (
+    MASK_LEN,
+    TraceRow,
+    check_arrival_clip,
+    check_arrival_cv,
+    sample_lengths,
+    with_arrivals,
+)
 
 DATASETS = tuple(MASK_LEN)
 # The live control plane's delay on a dispatch, which the simulator charges: the median from a block's end
@@ -55,6 +62,10 @@ class RunConfig:
         None, "gamma inter-arrival gaps with this coefficient of variation", parse=positive_float,
         default_text="Poisson",
     )  # fmt: skip
+    arrival_clip: float | None = option(
+        None, "clip exponential gaps at this many mean gaps (the reference harness: 3, a rate 5.2%% above "
+        "--qps)", parse=positive_float, default_text="no clip",
+    )  # fmt: skip
     mask_len: int | None = option(
         None, "mask buffer in tokens, a multiple of 32", parse=positive_int,
         default_text="1024 for ShareGPT and trace files, 512 for arXiv",
@@ -84,6 +95,9 @@ class RunConfig:
         if not self.qps > 0:
             raise ValueError(f"qps must be positive, got {self.qps}")
         check_arrival_cv(self.arrival_cv)
+        check_arrival_clip(self.arrival_clip)
+        if self.arrival_clip is not None and self.arrival_cv is not None:
+            raise ValueError("--arrival-clip applies to Poisson gaps only, not with --arrival-cv")
         if self.mask_len is not None and (self.mask_len <= 0 or self.mask_len % 32):
             raise ValueError(f"mask length must be a positive multiple of 32, got {self.mask_len}")
         if self.pages is not None and self.pages <= 0:
@@ -140,7 +154,7 @@ def synthetic_rows(cfg: RunConfig) -> list[TraceRow]:
 
 def with_arrival_times(cfg: RunConfig, rows: Sequence[TraceRow]) -> list[TraceRow]:
     """Rows with every missing arrival time drawn from the configured arrival process."""
-    return with_arrivals(rows, cfg.qps, cfg.rng("arrivals"), cfg.arrival_cv)
+    return with_arrivals(rows, cfg.qps, cfg.rng("arrivals"), cfg.arrival_cv, cfg.arrival_clip)
 
 
 def build_requests(
@@ -174,7 +188,8 @@ class RunFiles:
     """What a run reads besides its config, and writes."""
 
     progress: str | None = option(
-        None, "forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD or empirical:FILE",
+        None, "forwards per block: fixed:D, uniform:LO:HI, betabinom:MEAN:STD, counts:D=N,... or "
+        "empirical:FILE",
         default_text="fitted per model and trace",
     )  # fmt: skip
     out: Path | None = option(

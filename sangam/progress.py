@@ -107,6 +107,23 @@ def empirical(samples: Sequence[int]) -> ProgressModel:
     return _from_weights(f"empirical:{len(samples)}", list(counts), [float(c) for c in counts.values()])
 
 
+def counts_spec(samples: Sequence[int]) -> str:
+    """`counts:D=N,...`: observed forwards per block written inline (`parse_progress` reads it back)."""
+    counts = {d: samples.count(d) for d in sorted(set(samples))}
+    return "counts:" + ",".join(f"{d}={n}" for d, n in counts.items())
+
+
+def _from_counts(text: str) -> ProgressModel:
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    if not pairs or any(not sep for _, sep, _ in pairs):
+        raise ValueError("counts need D=N pairs")
+    counts = {int(d): int(n) for d, _, n in pairs}
+    if any(n < 0 for n in counts.values()) or not sum(counts.values()):
+        raise ValueError("counts must be non-negative with a positive total")
+    samples = [d for d, n in counts.items() for _ in range(n)]
+    return empirical(samples)
+
+
 def default_progress(model: str, trace: str) -> ProgressModel:
     """The documented default for a (model, trace) pair; other traces use ShareGPT's."""
     mean, std = DEFAULT_PROGRESS.get((model, trace), DEFAULT_PROGRESS[(model, "sharegpt")])
@@ -114,7 +131,8 @@ def default_progress(model: str, trace: str) -> ProgressModel:
 
 
 def parse_progress(spec: str, samples: Sequence[int] | None = None) -> ProgressModel:
-    """`fixed:D`, `uniform:LO:HI`, `betabinom:MEAN:STD`, or `empirical` with `samples` given."""
+    """`fixed:D`, `uniform:LO:HI`, `betabinom:MEAN:STD`, `counts:D=N,...` (observed forwards, inline), or
+    `empirical` with `samples` given."""
     kind, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
     try:
@@ -124,12 +142,15 @@ def parse_progress(spec: str, samples: Sequence[int] | None = None) -> ProgressM
             return uniform(int(args[0]), int(args[1]))
         if kind == "betabinom" and len(args) == 2:
             return beta_binomial(float(args[0]), float(args[1]))
+        if kind == "counts" and len(args) == 1:
+            return _from_counts(args[0])
     except ValueError as err:
         raise ValueError(f"bad progress model {spec!r}: {err}") from None
     if kind == "empirical" and samples is not None:
         return empirical(samples)
     raise ValueError(
-        f"bad progress model {spec!r}: use fixed:D, uniform:LO:HI, betabinom:MEAN:STD or empirical:FILE"
+        f"bad progress model {spec!r}: use fixed:D, uniform:LO:HI, betabinom:MEAN:STD, counts:D=N,... or "
+        "empirical:FILE"
     )
 
 

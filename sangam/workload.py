@@ -164,10 +164,18 @@ def check_arrival_cv(cv: float | None) -> None:
         raise ValueError(f"arrival CV must be in (0, {MAX_ARRIVAL_CV:g}], got {cv}")
 
 
-def _gap(qps: float, cv: float | None, rng: random.Random) -> float:
-    """One inter-arrival gap: exponential when `cv` is None, else gamma with mean 1/qps and CV `cv`."""
+def check_arrival_clip(clip: float | None) -> None:
+    """None (no clipping) or a positive number of mean gaps; ValueError otherwise."""
+    if clip is not None and not clip > 0:
+        raise ValueError(f"arrival clip must be a positive number of mean gaps, got {clip}")
+
+
+def _gap(qps: float, cv: float | None, rng: random.Random, clip: float | None = None) -> float:
+    """One inter-arrival gap: exponential when `cv` is None (at most `clip`/qps when `clip` is given, as
+    the reference harness draws them), else gamma with mean 1/qps and CV `cv`."""
     if cv is None:
-        return rng.expovariate(qps)
+        gap = rng.expovariate(qps)
+        return min(gap, clip / qps) if clip is not None else gap
     shape = 1.0 / (cv * cv)
     return rng.gammavariate(shape, 1.0 / (qps * shape))
 
@@ -193,20 +201,28 @@ def gamma_arrivals(n: int, qps: float, cv: float, rng: random.Random) -> list[fl
 
 
 def with_arrivals(
-    rows: Sequence[TraceRow], qps: float, rng: random.Random, cv: float | None = None
+    rows: Sequence[TraceRow],
+    qps: float,
+    rng: random.Random,
+    cv: float | None = None,
+    clip: float | None = None,
 ) -> list[TraceRow]:
     """`rows` with every missing arrival time filled in; given times are kept.
 
     A missing time is the previous row's time (0 before the first row) plus one gap of the
     process (Poisson at `qps`, or gamma with CV `cv`), so a trace with no times at all gets
-    exactly the times `poisson_arrivals` / `gamma_arrivals` would draw.
+    exactly the times `poisson_arrivals` / `gamma_arrivals` would draw. `clip` caps exponential gaps
+    at `clip`/qps (the reference harness uses 3: its real rate is 1/(1 - e^-3), 5.2% above `qps`).
     """
     _check_rate(qps, cv)
+    check_arrival_clip(clip)
+    if clip is not None and cv is not None:
+        raise ValueError("an arrival clip applies to Poisson gaps only, not to gamma gaps (--arrival-cv)")
     out: list[TraceRow] = []
     now = 0.0
     for row in rows:
         if row.arrival_time is None:
-            now += _gap(qps, cv, rng)
+            now += _gap(qps, cv, rng, clip)
             row = replace(row, arrival_time=now)
         else:
             now = row.arrival_time

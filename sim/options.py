@@ -17,6 +17,11 @@ from sim.links import load_link
 class SimOptions:
     """How `sangam sim` prices iterations, KV transfers and dispatches."""
 
+    testbed: str | None = option(
+        None, "the testbed modelled: a name in profiles/data/testbeds or a JSON file (GPU, profiles, "
+        "forwards per block, KV link, control delay, arrivals); flags given explicitly override its values",
+        default_text="sangam-<gpu>, so sangam-h100",
+    )  # fmt: skip
     link_gbps: float = option(
         100.0, "KV link bandwidth, GB/s (an assumed NVLink figure)", parse=positive_float
     )

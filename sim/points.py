@@ -51,7 +51,12 @@ def run_points(
             on_request=on_request,
         )
         before += len(rows)
-        result.summary.update(cost_model=cost_name, kv_link=options.kv_link(), control_ms=options.control_ms)
+        result.summary.update(
+            cost_model=cost_name,
+            kv_link=options.kv_link(),
+            control_ms=options.control_ms,
+            testbed=options.testbed,
+        )
         results.append(result)
         if dirs:
             write_results(dirs[i], result.requests, result.summary)

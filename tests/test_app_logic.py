@@ -42,6 +42,7 @@ from app.sweep import (
     run_sweep,
 )
 from cli.main import main as cli_main
+from profiles.testbeds import load_testbed
 from sangam.config import RunConfig
 from sangam.results import METRICS
 from sim.run import simulate
@@ -398,3 +399,21 @@ def test_the_launcher_refuses_a_bad_port() -> None:
     add_app_arguments(parser)
     with pytest.raises(ValueError, match="--port must be between 1 and 65535"):
         run_app(parser.parse_args(["--port", "70000"]))
+
+
+def test_a_testbed_sets_the_gpu_pages_forwards_link_and_arrivals_of_a_setup() -> None:
+    common = dict(
+        model="llada-8b", gpu="h100", gpus=2, layouts="1P1D", trace="arxiv", upload=None, qps_min=1,
+        qps_max=1, qps_count=1, budget=1024, prefill_budget=2048, theta=8192, seeds="0", num_requests=20,
+    )  # fmt: skip
+    bed = load_testbed("sangam-h200")
+    setup = build_setup(**common, progress="", testbed="sangam-h200")  # type: ignore[arg-type]
+    (spec,) = setup.specs()
+    assert (spec.cfg.gpu, spec.cfg.pages, spec.testbed) == ("h200", 13167, "sangam-h200")
+    assert spec.progress == bed.progress_spec("llada-8b", "arxiv")
+    assert spec.control_s == bed.control_ms.value / 1000 and spec.link.gb_per_s == bed.link.gb_per_s
+    assert run_point(spec).summary["cost_model"] == "measured"
+    given = build_setup(**common, progress="fixed:4", testbed="sangam-h200")  # type: ignore[arg-type]
+    assert given.specs()[0].progress == "fixed:4"
+    with pytest.raises(InputError, match="no testbed 'nowhere'"):
+        build_setup(**common, progress="", testbed="nowhere")  # type: ignore[arg-type]

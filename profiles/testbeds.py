@@ -1,0 +1,128 @@
+"""The shipped testbeds (`profiles/data/testbeds/<name>.json`) and what a run takes from one.
+
+`sangam sim --testbed NAME` (also `sangam validate`, `sangam fit`, `sangam reproduce` and the explorer)
+models the testbed's GPU with its profiles, KV pages, forwards per block, KV link, control-plane delay
+and arrival process; a flag given explicitly overrides the testbed's value. Without `--testbed` a run
+models `sangam-<gpu>` (`sangam-h100` by default), whose values are the simulator's documented defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from profiles.analytic import AnalyticCostModel
+from profiles.store import DATA, Profile, load_profile_dir
+from sangam.config import RunConfig
+from sangam.cost import CostModel
+from sangam.hardware import lookup_gpu, lookup_model
+from sangam.testbed import Testbed, parse_testbed, testbed_dict
+from sim.options import SimOptions
+
+TESTBEDS = DATA / "testbeds"
+DEFAULT_GPU = RunConfig().gpu
+LINK_FIELDS = ("link", "link_gbps", "link_latency_ms")
+
+
+def known_testbeds(root: Path = TESTBEDS) -> list[str]:
+    """Names of the testbeds shipped in `root`."""
+    return sorted(p.stem for p in root.glob("*.json"))
+
+
+def testbed_path(name_or_file: str, root: Path = TESTBEDS) -> Path:
+    given = Path(name_or_file)
+    return given if given.suffix == ".json" or given.is_file() else root / f"{name_or_file}.json"
+
+
+def load_testbed(name_or_file: str, root: Path = TESTBEDS) -> Testbed:
+    """A shipped testbed by name, or a testbed file; ValueError (one line) if it is missing or bad."""
+    path = testbed_path(name_or_file, root)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        known = ", ".join(known_testbeds(root)) or "none"
+        raise ValueError(f"no testbed {name_or_file!r} (known: {known})") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the testbed {path}: {err}") from None
+    return parse_testbed(data, path.stem)
+
+
+def write_testbed(testbed: Testbed, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(testbed_dict(testbed), indent=2) + "\n")
+
+
+def choose_testbed(name: str | None, gpu: str | None, root: Path = TESTBEDS) -> Testbed:
+    """The testbed a run models: `name` (an explicit `--gpu` must be its GPU), else `sangam-<gpu>`."""
+    if name is None:
+        return load_testbed(f"sangam-{gpu or DEFAULT_GPU}", root)
+    testbed = load_testbed(name, root)
+    if gpu is not None and gpu != testbed.gpu:
+        raise ValueError(f"testbed {testbed.name} models the {testbed.gpu}, not --gpu {gpu}")
+    return testbed
+
+
+def testbed_profile(testbed: Testbed, model: str, data: Path = DATA) -> Profile | None:
+    """The iteration-time profile of `model` on the testbed (None: it has no data for the model)."""
+    return load_profile_dir(model, testbed.profile_data, testbed.gpu, data)
+
+
+def testbed_cost_model(
+    testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA
+) -> tuple[CostModel, str, Profile | None]:
+    """What prices `model`'s iterations on the testbed, its name for summary.json, and the profile:
+    the testbed's profile (else, or with `cost` 'analytic', the analytic model of its GPU)."""
+    profile = testbed_profile(testbed, model, data) if cost == "profile" else None
+    if profile is None and cost == "profile" and (data / testbed.profile_data).is_dir():
+        raise ValueError(
+            f"testbed {testbed.name}: no profile of {model} in profiles/data/{testbed.profile_data}"
+        )
+    if profile is None and cost == "profile":
+        raise ValueError(
+            f"testbed {testbed.name}: its profiles (profiles/data/{testbed.profile_data}) are not there yet"
+        )
+    if profile is None:
+        return AnalyticCostModel(lookup_model(model), lookup_gpu(testbed.gpu)), "analytic", None
+    source = f"derived from {profile.derived_from}" if profile.derived_from else "measured"
+    if testbed.profile_data not in (profile.gpu, profile.derived_from):  # data of another executor
+        source = f"{testbed.profile_data} profile, {source}"
+    return profile.cost_model(), source, profile
+
+
+def testbed_config(
+    testbed: Testbed, base: RunConfig, profile: Profile | None, given: Mapping[str, Any]
+) -> RunConfig:
+    """`base` on the testbed: its GPU, its KV pages (else the profile's live worker's) and its arrival
+    clip, except where `given` (the flags given explicitly: pages, arrival_clip, arrival_cv) says."""
+    pages = given.get("pages")
+    if pages is None:
+        pages = testbed.pages(base.model)
+    if pages is None and profile is not None:
+        pages = profile.kv_pages
+    clip = given.get("arrival_clip")
+    if clip is None and given.get("arrival_cv") is None:
+        clip = testbed.arrival.clip
+    return dataclasses.replace(base, gpu=testbed.gpu, pages=pages, arrival_clip=clip)
+
+
+def testbed_options(testbed: Testbed, given: Mapping[str, Any]) -> SimOptions:
+    """The simulator's options on the testbed: its link and control delay unless `given` (the SimOptions
+    flags given explicitly; None: absent) names a link or a delay of its own."""
+    values = {name: value for name, value in given.items() if value is not None}
+    if not any(name in values for name in LINK_FIELDS):
+        link = testbed.link
+        if link.profile is not None:
+            values["link"] = link.profile
+        else:
+            values.update(link_gbps=link.gb_per_s, link_latency_ms=link.latency_ms)
+    values.setdefault("control_ms", testbed.control_ms.value)
+    values["testbed"] = testbed.name
+    return SimOptions(**values)
+
+
+def testbed_progress(testbed: Testbed, model: str, trace: str, given: str | None) -> str:
+    """The forwards-per-block spec of a run: `given` (`--progress`) or the testbed's."""
+    return given if given else testbed.progress_spec(model, trace)

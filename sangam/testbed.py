@@ -1,0 +1,218 @@
+"""Testbeds: everything a simulation cannot observe in a run, named, versioned, each value with its source.
+
+A testbed (docs/design.md section 7) fixes the GPU, the iteration-time profile of every model (the
+directory of measured data under `profiles/data/`, derived to the testbed's GPU when measured on
+another), the KV pages per worker, the forwards-per-block model per (model, trace), the KV link, the
+control plane's delay and the arrival process. Files are loaded by `profiles.testbeds`; this module only
+checks their content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sangam.hardware import lookup_gpu, lookup_model
+from sangam.progress import parse_progress
+from sangam.workload import MASK_LEN, check_arrival_clip
+
+FORMAT = 1  # the file format's version (each testbed also has its own `version`)
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced:
+    """One number of a testbed and where it came from."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEntry:
+    """Forwards per block of one (model, trace): a `sangam.progress.parse_progress` spec."""
+
+    spec: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEntry:
+    """The KV link: a profile in profiles/data/links, or an assumed bandwidth and latency."""
+
+    source: str
+    profile: str | None = None
+    gb_per_s: float | None = None
+    latency_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalEntry:
+    """The arrival process of synthetic traces: Poisson, its gaps clipped at `clip` mean gaps if given."""
+
+    source: str
+    clip: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PagesEntry:
+    """KV pages per worker by model; a model not listed: the profile's live worker, else GPU memory."""
+
+    source: str
+    values: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Testbed:
+    """A named, versioned bundle of simulator inputs (see the module docstring)."""
+
+    name: str
+    version: int
+    description: str
+    gpu: str
+    profile_data: str  # a directory under profiles/data holding <model>.csv/.meta.json
+    profile_source: str
+    progress: Mapping[tuple[str, str], ProgressEntry]  # (model, trace) -> forwards per block
+    link: LinkEntry
+    control_ms: Sourced
+    arrival: ArrivalEntry
+    kv_pages: PagesEntry
+    fit: Mapping[str, Any] | None = None  # what `sangam fit` recorded, for fitted testbeds
+
+    def progress_spec(self, model: str, trace: str) -> str:
+        """The forwards-per-block spec for `model` on `trace` (trace files: ShareGPT's)."""
+        key = (model, trace if trace in MASK_LEN else "sharegpt")
+        if key not in self.progress:
+            raise ValueError(f"testbed {self.name} has no forwards-per-block model for {key[0]} on {key[1]}")
+        return self.progress[key].spec
+
+    def pages(self, model: str) -> int | None:
+        return self.kv_pages.values.get(model)
+
+
+def _text(data: Mapping[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: '{key}' must be a non-empty string")
+    return value
+
+
+def _number(data: Mapping[str, Any], key: str, where: str) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: '{key}' must be a number")
+    return float(value)
+
+
+def _sourced(data: Any, where: str) -> Sourced:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: must be an object with 'value' and 'source'")
+    return Sourced(_number(data, "value", where), _text(data, "source", where))
+
+
+def _link(data: Any, where: str) -> LinkEntry:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: must be an object")
+    source = _text(data, "source", where)
+    if "profile" in data:
+        return LinkEntry(source, profile=_text(data, "profile", where))
+    gbps, latency = _number(data, "gb_per_s", where), _number(data, "latency_ms", where)
+    if not gbps > 0 or latency < 0:
+        raise ValueError(f"{where}: needs gb_per_s > 0 and latency_ms >= 0")
+    return LinkEntry(source, gb_per_s=gbps, latency_ms=latency)
+
+
+def _progress(data: Any, where: str) -> dict[tuple[str, str], ProgressEntry]:
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError(f"{where}: must map 'model/trace' to forwards-per-block models")
+    out = {}
+    for key, entry in data.items():
+        model, _, trace = str(key).partition("/")
+        lookup_model(model)
+        if trace not in MASK_LEN:
+            raise ValueError(f"{where}: {key!r} must be MODEL/TRACE with a trace of {', '.join(MASK_LEN)}")
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where}.{key}: must be an object with 'spec' and 'source'")
+        spec = _text(entry, "spec", f"{where}.{key}")
+        parse_progress(spec)
+        out[(model, trace)] = ProgressEntry(spec, _text(entry, "source", f"{where}.{key}"))
+    return out
+
+
+def parse_testbed(data: Any, name: str) -> Testbed:
+    """A testbed from the JSON object of its file named `name`; ValueError (one line) if it is not one."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"testbed {name}: not a JSON object")
+    where = f"testbed {name}"
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{where}: 'format' must be {FORMAT}")
+    if data.get("name") != name:
+        raise ValueError(f"{where}: its 'name' is {data.get('name')!r}, not its file's name")
+    version = data.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"{where}: 'version' must be a positive integer")
+    gpu = _text(data, "gpu", where)
+    lookup_gpu(gpu)
+    profile = data.get("profile")
+    if not isinstance(profile, Mapping):
+        raise ValueError(f"{where}: 'profile' must be an object with 'data' and 'source'")
+    control = _sourced(data.get("control_ms"), f"{where}.control_ms")
+    if control.value < 0:
+        raise ValueError(f"{where}.control_ms: must not be negative")
+    arrival = data.get("arrival")
+    if not isinstance(arrival, Mapping):
+        raise ValueError(f"{where}: 'arrival' must be an object with 'source' (and 'clip')")
+    clip = arrival.get("clip")
+    if clip is not None:
+        clip = _number(arrival, "clip", f"{where}.arrival")
+        check_arrival_clip(clip)
+    pages = data.get("kv_pages")
+    if not isinstance(pages, Mapping) or not isinstance(pages.get("values", {}), Mapping):
+        raise ValueError(f"{where}: 'kv_pages' must be an object with 'source' and 'values' (model: pages)")
+    values = dict(pages.get("values", {}))
+    for model, count in values.items():
+        lookup_model(model)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{where}.kv_pages.{model}: must be a positive whole number")
+    fit = data.get("fit")
+    return Testbed(
+        name=name,
+        version=version,
+        description=_text(data, "description", where),
+        gpu=gpu,
+        profile_data=_text(profile, "data", f"{where}.profile"),
+        profile_source=_text(profile, "source", f"{where}.profile"),
+        progress=_progress(data.get("progress"), f"{where}.progress"),
+        link=_link(data.get("link"), f"{where}.link"),
+        control_ms=control,
+        arrival=ArrivalEntry(_text(arrival, "source", f"{where}.arrival"), clip),
+        kv_pages=PagesEntry(_text(pages, "source", f"{where}.kv_pages"), values),
+        fit=fit if isinstance(fit, Mapping) else None,
+    )
+
+
+def testbed_dict(testbed: Testbed) -> dict[str, Any]:
+    """The JSON object of a testbed's file (what `parse_testbed` reads back)."""
+    link: dict[str, Any] = {"source": testbed.link.source}
+    if testbed.link.profile is not None:
+        link["profile"] = testbed.link.profile
+    else:
+        link.update(gb_per_s=testbed.link.gb_per_s, latency_ms=testbed.link.latency_ms)
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "name": testbed.name,
+        "version": testbed.version,
+        "description": testbed.description,
+        "gpu": testbed.gpu,
+        "profile": {"data": testbed.profile_data, "source": testbed.profile_source},
+        "kv_pages": {"source": testbed.kv_pages.source, "values": dict(testbed.kv_pages.values)},
+        "progress": {
+            f"{m}/{t}": {"spec": e.spec, "source": e.source} for (m, t), e in testbed.progress.items()
+        },
+        "link": link,
+        "control_ms": {"value": testbed.control_ms.value, "source": testbed.control_ms.source},
+        "arrival": {"clip": testbed.arrival.clip, "source": testbed.arrival.source},
+    }
+    if testbed.fit is not None:
+        out["fit"] = dict(testbed.fit)
+    return out

@@ -1,0 +1,157 @@
+"""Testbeds: the shipped files, what a run takes from one, flags that override it, the arrival clip."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from profiles import testbeds as tb
+from profiles.store import DATA
+from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
+from sangam.config import CONTROL_MS, RunConfig
+from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
+from sangam.testbed import LinkEntry, Sourced, parse_testbed
+from sangam.testbed import testbed_dict as as_dict
+from sangam.workload import TraceRow, with_arrivals
+from sim.options import SimOptions
+
+SHIPPED = ("sangam-h100", "sangam-h200", "reference-h200", "reference-h100")
+
+
+def test_every_shipped_testbed_parses_and_names_a_source_for_every_value() -> None:
+    assert set(SHIPPED) <= set(known_testbeds())
+    for name in known_testbeds():
+        testbed = load_testbed(name)
+        assert as_dict(parse_testbed(as_dict(testbed), name)) == as_dict(testbed)
+        raw = json.loads((DATA / "testbeds" / f"{name}.json").read_text())
+        sections = [raw["profile"], raw["kv_pages"], raw["link"], raw["control_ms"], raw["arrival"]]
+        assert all(section["source"] for section in [*sections, *raw["progress"].values()])
+
+
+def test_our_testbeds_hold_the_simulators_documented_defaults() -> None:
+    defaults = SimOptions()
+    for name in ("sangam-h100", "sangam-h200"):
+        testbed = load_testbed(name)
+        specs = {key: entry.spec for key, entry in testbed.progress.items()}
+        assert specs == {key: f"betabinom:{m:g}:{s:g}" for key, (m, s) in DEFAULT_PROGRESS.items()}
+        assert testbed.control_ms.value == CONTROL_MS and testbed.arrival.clip is None
+        assert (testbed.link.gb_per_s, testbed.link.latency_ms) == (
+            defaults.link_gbps,
+            defaults.link_latency_ms,
+        )
+    assert choose_testbed(None, None).name == "sangam-h100" == f"sangam-{RunConfig().gpu}"
+    assert choose_testbed(None, "h200").name == "sangam-h200"
+
+
+def run_summary(tmp_path: Path, name: str, *args: str) -> dict[str, object]:
+    out = tmp_path / name
+    base = ["sim", "--mode", "2C", "--qps", "1.5", "-n", "60", "--out", str(out)]
+    assert main([*base, *args]) == 0
+    summary: dict[str, object] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def test_the_default_run_is_the_sangam_h100_testbeds_and_flags_override_a_testbed(tmp_path: Path) -> None:
+    plain = run_summary(tmp_path, "plain")
+    named = run_summary(tmp_path, "named", "--testbed", "sangam-h100")
+    assert plain["testbed"] == named["testbed"] == "sangam-h100"
+    assert plain["mean_e2el_ms"] == named["mean_e2el_ms"] and plain["config"] == named["config"]
+    h200 = run_summary(tmp_path, "h200", "--gpu", "h200")
+    assert h200["testbed"] == "sangam-h200" and h200["config"]["pages"] == 13167  # type: ignore[index]
+    over = run_summary(tmp_path, "over", "--testbed", "sangam-h200", "--control-ms", "0", "--pages", "9000")
+    assert over["control_ms"] == 0 and over["config"]["pages"] == 9000  # type: ignore[index]
+    assert over["mean_e2el_ms"] != h200["mean_e2el_ms"]
+
+
+def test_a_testbed_that_disagrees_with_gpu_or_is_missing_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "--testbed", "sangam-h200", "--gpu", "h100", "-n", "5"]) == 2
+    assert "models the h200, not --gpu h100" in capsys.readouterr().err
+    assert main(["sim", "--testbed", "nowhere", "-n", "5"]) == 2
+    assert "no testbed 'nowhere' (known: " in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    raw = json.loads((DATA / "testbeds" / "sangam-h100.json").read_text())
+    del raw["link"]["source"]
+    bad.write_text(json.dumps({**raw, "name": "bad"}))
+    assert main(["sim", "--testbed", str(bad), "-n", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "testbed bad.link: 'source' must be a non-empty string" in err
+
+
+def reference_data(tmp_path: Path) -> Path:
+    """A data root whose reference profile is a copy of ours (the fixture until the measured one lands)."""
+    root = tmp_path / "data"
+    shutil.copytree(DATA / "h200", root / "h200-reference")
+    return root
+
+
+def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derived_h100(
+    tmp_path: Path,
+) -> None:
+    data = reference_data(tmp_path)
+    h100 = load_testbed("reference-h100")
+    _, name, profile = tb.testbed_cost_model(h100, "llada-8b", data=data)
+    assert (
+        profile is not None
+        and profile.derived_from == "h200"
+        and name == "h200-reference profile, derived from h200"
+    )
+    ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h100"), "llada-8b")
+    assert profile.coefficients == ours.coefficients  # type: ignore[attr-defined]  # same data, same derivation
+    cfg = tb.testbed_config(h100, RunConfig(mode="1C"), profile, {})
+    assert (cfg.gpu, cfg.pages, cfg.arrival_clip) == ("h100", 5632, 3.0)
+    given = tb.testbed_config(h100, RunConfig(mode="1C"), profile, {"pages": 100, "arrival_cv": 2.0})
+    assert (given.pages, given.arrival_clip) == (100, None)
+    options = tb.testbed_options(h100, {"link": "cpu-gloo", "control_ms": None})
+    assert options.link == "cpu-gloo" and options.control_ms == h100.control_ms.value
+    other = dataclasses.replace(
+        h100, link=LinkEntry("a test", profile="cpu-gloo"), control_ms=Sourced(7.0, "a test")
+    )
+    assert (tb.testbed_options(other, {}).link, tb.testbed_options(other, {}).control_ms) == ("cpu-gloo", 7.0)
+    given_link = tb.testbed_options(other, {"link_gbps": 5.0})
+    assert (given_link.link, given_link.link_gbps, given_link.link_latency_ms) == (None, 5.0, 1.0)
+    with pytest.raises(ValueError, match="not there yet"):
+        tb.testbed_cost_model(h100, "llada-8b", data=tmp_path / "empty")
+
+
+def test_a_written_testbed_reads_back(tmp_path: Path) -> None:
+    testbed = dataclasses.replace(load_testbed("reference-h100"), name="copy", fit={"points": 3})
+    path = tmp_path / "copy.json"
+    write_testbed(testbed, path)
+    assert load_testbed(str(path)) == testbed
+
+
+def gaps_of(times: list[float | None]) -> list[float]:
+    known = [0.0, *(t for t in times if t is not None)]
+    return [b - a for a, b in itertools.pairwise(known)]
+
+
+def test_clipped_exponential_gaps_are_the_reference_harnesss() -> None:
+    rows = [TraceRow(10, 10)] * 20_000
+    qps = 2.0
+    clipped = with_arrivals(rows, qps, random.Random(4), clip=3.0)
+    plain = with_arrivals(rows, qps, random.Random(4))
+    gaps = gaps_of([r.arrival_time for r in clipped])
+    raw = gaps_of([r.arrival_time for r in plain])
+    assert all(g == pytest.approx(min(r, 3.0 / qps)) for g, r in zip(gaps, raw, strict=True))
+    assert sum(gaps) / len(gaps) == pytest.approx((1 - math.exp(-3)) / qps, rel=0.02)
+    with pytest.raises(ValueError, match="Poisson gaps only"):
+        with_arrivals(rows, qps, random.Random(4), cv=2.0, clip=3.0)
+
+
+def test_counts_spec_round_trips_observed_forwards() -> None:
+    samples = [3, 3, 5, 32, 1]
+    model = parse_progress(counts_spec(samples))
+    assert counts_spec(samples) == "counts:1=1,3=2,5=1,32=1"
+    assert model.mean == pytest.approx(sum(samples) / len(samples))
+    with pytest.raises(ValueError, match="bad progress model"):
+        parse_progress("counts:3")

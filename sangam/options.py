@@ -163,10 +163,13 @@ def collect(cls: type[T], args: argparse.Namespace, **fixed: Any) -> T:
 
 
 def listed(args: argparse.Namespace, name: str, default: Any) -> tuple[Any, ...]:
-    """The values of a `many` option, flattened (`--qps 6,7 --qps 8`), `(default,)` when absent; a value
-    given twice is a ValueError."""
+    """The values of a `many` option, flattened (`--qps 6,7 --qps 8`), `(default,)` when absent (a tuple
+    default as it is); a value given twice is a ValueError."""
     given = getattr(args, name, None)
-    values = (default,) if given is None else tuple(_flatten(given))
+    if given is None:
+        values = default if isinstance(default, tuple) else (default,)  # a tuple default is the list itself
+    else:
+        values = tuple(_flatten(given))
     seen: set[Any] = set()
     for value in values:
         if value in seen:

@@ -304,3 +304,14 @@ def test_sim_fails_and_restarts_workers(tmp_path: Path, capsys: pytest.CaptureFi
         assert main([*args, *bad]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1
+
+
+def test_profile_measures_unless_logs_are_given() -> None:
+    from cli.main import build_parser
+    from cli.profile import ProfileOptions
+    from sangam.options import collect
+
+    parser = build_parser()
+    assert collect(ProfileOptions, parser.parse_args(["profile"])).from_log == ()
+    given = parser.parse_args(["profile", "--from-log", "a.csv", "b.csv"])
+    assert collect(ProfileOptions, given).from_log == (Path("a.csv"), Path("b.csv"))

@@ -34,6 +34,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.progress import bar
     from executor.live import plan_run, run_live
 
     options = collect(LiveOptions, args)
@@ -42,4 +43,7 @@ def run(args: argparse.Namespace) -> int:
     placeholders = {"gpus": 1, "model": RunConfig().model, "qps": RunConfig().qps}
     base = collect(RunConfig, args, num_requests=args.num_requests or LIVE_NUM_REQUESTS, **placeholders)
     plan = plan_run(base, options, requests_given=given)
-    return run_live(plan, options, collect(RunFiles, args), listed(args, "qps", base.qps))
+    if options.serve:
+        return run_live(plan, options, collect(RunFiles, args), listed(args, "qps", base.qps))
+    with bar("live", "requests finished") as watch:
+        return run_live(plan, options, collect(RunFiles, args), listed(args, "qps", base.qps), watch)

@@ -41,11 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if options.from_log:
         merge_log(model, gpu, list(options.from_log), root)
     else:
+        from cli.progress import bar
         from profiles.runner import run_profile as measure
 
-        data, _ = measure(
-            model, gpu, root, weights=options.weights, graphs=options.cuda_graphs, repeats=options.repeats
-        )
+        with bar("profile", "shapes") as watch:
+            data, _ = measure(
+                model, gpu, root, weights=options.weights, graphs=options.cuda_graphs,
+                repeats=options.repeats, watch=watch,
+            )  # fmt: skip
         print(f"wrote {data}")
     profile = load_profile(model, gpu, root)
     assert profile is not None

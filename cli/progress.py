@@ -46,7 +46,8 @@ def bar(what: str, unit: str, stream: TextIO | None = None) -> Iterator[Watcher 
         TimeRemainingColumn(),
         TextColumn("{task.fields[note]}"),
     )
-    with Progress(*columns, console=Console(file=stream), transient=True) as progress:
+    console = Console(file=stream)  # stdout is left alone: it may print while the bar runs (live tables)
+    with Progress(*columns, console=console, transient=True, redirect_stdout=False) as progress:
         task = progress.add_task(what, total=None, note="")
 
         def watch(tally: Tally) -> None:

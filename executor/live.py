@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,12 +40,14 @@ from executor.launcher import (
 )
 from executor.live_models import TINY_PAGES, lookup_live_model
 from executor.live_options import CPU_NUM_REQUESTS, SERVE_PORT, LiveOptions
+from executor.live_tally import LiveTally
 from sangam.config import RunConfig, RunFiles, build_requests, load_progress, workload_points
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Kind, parse_mode
 from sangam.outdir import point_dirs
 from sangam.progress import ProgressModel
 from sangam.request import Request
+from sangam.tally import Watcher
 from sangam.workload import TraceRow
 
 if TYPE_CHECKING:
@@ -186,9 +188,15 @@ def workload(cfg: RunConfig, rows: Sequence[TraceRow], progress: ProgressModel |
 
 
 def replay(
-    cluster: LocalCluster, plan: LivePlan, requests: Sequence[Request], vocab: int, mask_id: int
+    cluster: LocalCluster,
+    plan: LivePlan,
+    requests: Sequence[Request],
+    vocab: int,
+    mask_id: int,
+    poll: Callable[[], None] = lambda: None,
 ) -> dict[int, int]:
-    """Submit every request at its arrival time; scheduler id -> request index."""
+    """Submit every request at its arrival time; scheduler id -> request index. `poll` runs while it
+    waits (a progress watcher's)."""
     from executor.proto import sangam_pb2 as pb
 
     assert cluster.client is not None
@@ -213,6 +221,7 @@ def replay(
         )
         while (wait := start + req.arrival - time.monotonic()) > 0:
             cluster.check()
+            poll()
             time.sleep(min(wait, 0.05))
         while len(in_flight) >= MAX_IN_FLIGHT:  # a burst must not exceed the server's concurrent calls
             _submitted(cluster, *in_flight.popleft())  # a failed call ends the replay here, not at the end
@@ -241,8 +250,11 @@ def describe(err: BaseException) -> str:
     return describe_rpc(err) if isinstance(err, grpc.RpcError) else f"{type(err).__name__}: {err}"
 
 
-def wait_for_all(cluster: LocalCluster, total: int, stall_timeout: float) -> pb.StatusReply:
-    """Until every submitted request is DONE or ERROR; LiveError on a death or a stall."""
+def wait_for_all(
+    cluster: LocalCluster, total: int, stall_timeout: float, poll: Callable[[], None] = lambda: None
+) -> pb.StatusReply:
+    """Until every submitted request is DONE or ERROR; LiveError on a death or a stall. `poll` runs
+    while it waits."""
     assert cluster.client is not None
     progress, since = (-1, -1), time.monotonic()
     while True:
@@ -259,6 +271,7 @@ def wait_for_all(cluster: LocalCluster, total: int, stall_timeout: float) -> pb.
                 f"no progress for {stall_timeout:g} s with {total - status.done - status.errors} requests "
                 f"unfinished (logs: {cluster.log_dir})"
             )
+        poll()
         time.sleep(0.05)
 
 
@@ -306,9 +319,16 @@ def rebuild(
     return sorted(requests, key=lambda r: r.id)
 
 
-def run_live(plan: LivePlan, options: LiveOptions, files: RunFiles, rates: Sequence[float]) -> int:
+def run_live(
+    plan: LivePlan,
+    options: LiveOptions,
+    files: RunFiles,
+    rates: Sequence[float],
+    watch: Watcher | None = None,
+) -> int:
     """`sangam live` of a planned run: replay each rate's workload (or serve, with `options.serve`); bad
-    input raises ValueError (exit 2), a failed run prints one line (exit 1)."""
+    input raises ValueError (exit 2), a failed run prints one line (exit 1). `watch` hears each point's
+    requests finished (`executor.live_tally`)."""
     try:
         with sigterm_as_interrupt():
             if options.serve:
@@ -324,7 +344,7 @@ def run_live(plan: LivePlan, options: LiveOptions, files: RunFiles, rates: Seque
                     log = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}")
                 point = replace(plan, config=cfg, cluster=replace(plan.cluster, iteration_log=log))
                 out = dirs[i] if dirs else None
-                _replay(point, options, requests, [r.output_len for r in rows], out, summaries)
+                _replay(point, options, requests, [r.output_len for r in rows], out, summaries, watch)
             return 0
     except LiveError as err:
         print(f"sangam: error: {err}", file=sys.stderr)
@@ -362,6 +382,7 @@ def _replay(
     output_lens: list[int],
     out: Path | None,
     summaries: list[dict[str, Any]],
+    watch: Watcher | None = None,
 ) -> None:
     """Replay one point; its summary joins `summaries`, whose table is printed, and its results go to
     `out`, before a failed request or a page leak is raised."""
@@ -377,8 +398,12 @@ def _replay(
             f"replaying {plural(len(requests), 'request')} at {plan.config.qps:g} QPS",
             file=sys.stderr,
         )
-        ids = replay(cluster, plan, requests, status.vocab, status.mask_id)
-        wait_for_all(cluster, len(requests), args.stall_timeout)
+        tally = LiveTally(cluster.client, watch, len(requests)) if watch is not None else None
+        poll = tally.poll if tally is not None else lambda: None
+        ids = replay(cluster, plan, requests, status.vocab, status.mask_id, poll)
+        wait_for_all(cluster, len(requests), args.stall_timeout, poll)
+        if tally is not None:
+            tally.poll(final=True)
         final = settle(cluster, SETTLE_S)
         records = cluster.client.results()
         finished_ids = {r.request_id for r in records}

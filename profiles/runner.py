@@ -34,6 +34,7 @@ from sangam.batcher import BatchConfig, Batcher, Policy
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model, pages_for
 from sangam.kv import PagePool
 from sangam.request import Request
+from sangam.tally import Tally, Watcher
 
 PREFILLS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -107,16 +108,28 @@ class Profiler:
 
 
 def run_profile(
-    model: str, gpu: str, out: Path, *, weights: str = "random", graphs: bool = True, repeats: int = 5
+    model: str,
+    gpu: str,
+    out: Path,
+    *,
+    weights: str = "random",
+    graphs: bool = True,
+    repeats: int = 5,
+    watch: Watcher | None = None,
 ) -> tuple[Path, Path]:
-    """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json`."""
+    """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json`.
+    `watch` hears the iteration shapes timed of the grid's."""
     if not torch.cuda.is_available():
         raise ValueError("sangam profile needs a CUDA GPU")
     started = time.time()
     pages = kv_pages(lookup_model(model), lookup_gpu(gpu))
     profiler = Profiler(model, weights, pages, graphs, torch.device("cuda"))
     shapes = grid(profiler.kv_pages)
-    rows = [(shape.format(), profiler.time(shape, warmup=1, repeats=repeats)) for shape in shapes]
+    rows: list[tuple[str, float]] = []
+    for shape in shapes:
+        if watch is not None:
+            watch(Tally(len(rows), len(shapes)))
+        rows.append((shape.format(), profiler.time(shape, warmup=1, repeats=repeats)))
     data = out / gpu / f"{model}.csv"
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w", newline="") as f:

@@ -7,10 +7,12 @@ from executor.messages import (
     BlockDone,
     BlockWork,
     ClusterStatus,
+    DropOrder,
     ItemShape,
     IterationReport,
     IterationStats,
     Prefilled,
+    Registered,
     Registration,
     ReportBatch,
     RequestState,
@@ -21,9 +23,11 @@ from executor.messages import (
     TransferKind,
     TransferOrder,
     WorkBatch,
+    WorkerExit,
 )
 from executor.proto import sangam_pb2 as pb
 from sangam.request import BlockRecord, Request
+from sangam.results import RecoveryCounts
 
 _STATUS = {
     RequestStatus.QUEUED: pb.QUEUED,
@@ -99,6 +103,10 @@ def status_to_pb(status: ClusterStatus) -> pb.StatusReply:
         transfer_retries=status.transfer_retries,
         transfers_in_flight=status.transfers_in_flight,
         first_arrival=status.first_arrival,
+        workers_lost=status.recovery.workers_lost,
+        requests_recovered=status.recovery.requests_recovered,
+        forwards_redone=status.recovery.forwards_redone,
+        requests_failed=status.recovery.requests_failed,
     )
     for w in status.workers:
         reply.workers.add(
@@ -108,6 +116,8 @@ def status_to_pb(status: ClusterStatus) -> pb.StatusReply:
             free_pages=w.free_pages,
             router_free=w.router_free,
             outstanding=w.outstanding,
+            lost=w.lost,
+            pid=w.pid,
         )
     facts = status.facts
     if facts is not None:
@@ -190,8 +200,27 @@ def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
     )  # fmt: skip
 
 
-def register_reply(error: str | None) -> pb.RegisterReply:
-    return pb.RegisterReply(accepted=error is None, error=error or "")
+def register_reply(answer: Registered) -> pb.RegisterReply:
+    return pb.RegisterReply(
+        accepted=answer.error is None, error=answer.error or "", incarnation=answer.incarnation
+    )
+
+
+def registered_from_pb(msg: pb.RegisterReply) -> Registered:
+    return Registered(None if msg.accepted else msg.error, msg.incarnation)
+
+
+def exit_to_pb(exit: WorkerExit) -> pb.WorkerExit:
+    return pb.WorkerExit(worker_id=exit.worker_id, pid=exit.pid, reason=exit.reason)
+
+
+def exit_from_pb(msg: pb.WorkerExit) -> WorkerExit:
+    return WorkerExit(msg.worker_id, msg.pid, msg.reason)
+
+
+def recovery_from_pb(msg: pb.StatusReply) -> RecoveryCounts:
+    """The recovery counts of a status reply (the summary's keys)."""
+    return RecoveryCounts(msg.workers_lost, msg.requests_recovered, msg.forwards_redone, msg.requests_failed)
 
 
 def _event_to_pb(event: TransferEvent) -> pb.TransferEvent:
@@ -218,6 +247,7 @@ def _report_to_pb(report: IterationReport) -> pb.IterationReport:
         ),
         gpu_s=report.gpu_s,
         cycle_s=report.cycle_s,
+        decoded=report.decoded,
     )  # fmt: skip
     for item in report.items:
         kind = pb.PREFILL if item.prefill else pb.DECODE
@@ -263,6 +293,7 @@ def _report_from_pb(msg: pb.IterationReport) -> IterationReport:
             for d in msg.finished
         ),
         cycle_s=msg.cycle_s,
+        decoded=tuple(msg.decoded),
     )
 
 
@@ -271,6 +302,7 @@ def reports_to_pb(batch: ReportBatch) -> pb.ReportBatch:
         worker_id=batch.worker_id,
         iterations=[_report_to_pb(r) for r in batch.iterations],
         transfers=[_event_to_pb(e) for e in batch.transfers],
+        incarnation=batch.incarnation,
     )
     if batch.free_pages is not None:
         msg.free_pages = batch.free_pages
@@ -283,6 +315,7 @@ def reports_from_pb(msg: pb.ReportBatch) -> ReportBatch:
         tuple(_report_from_pb(r) for r in msg.iterations),
         tuple(_event_from_pb(e) for e in msg.transfers),
         msg.free_pages if msg.HasField("free_pages") else None,
+        msg.incarnation,
     )
 
 
@@ -325,11 +358,15 @@ def _order_from_pb(msg: pb.TransferOrder) -> TransferOrder:
 
 def work_to_pb(batch: WorkBatch) -> pb.EnqueueBatch:
     return pb.EnqueueBatch(
-        blocks=[_work_to_pb(w) for w in batch.blocks], transfers=[_order_to_pb(o) for o in batch.orders]
+        blocks=[_work_to_pb(w) for w in batch.blocks],
+        transfers=[_order_to_pb(o) for o in batch.orders],
+        drops=[pb.DropOrder(request_id=d.request_id) for d in batch.drops],
     )
 
 
 def work_from_pb(msg: pb.EnqueueBatch) -> WorkBatch:
     return WorkBatch(
-        tuple(_work_from_pb(w) for w in msg.blocks), tuple(_order_from_pb(o) for o in msg.transfers)
+        tuple(_work_from_pb(w) for w in msg.blocks),
+        tuple(_order_from_pb(o) for o in msg.transfers),
+        tuple(DropOrder(d.request_id) for d in msg.drops),
     )

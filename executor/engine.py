@@ -66,6 +66,7 @@ class Job:
     params: SamplingParams
     forwards: int | None  # planned forwards; None: the sampler decides
     rid: int | None = None  # the scheduler's request id, when `req.id` is a worker-local id
+    call: int = 0  # the Enqueue call that brought it (a drop applies to the work of earlier calls)
 
     @property
     def request_id(self) -> int:
@@ -129,6 +130,7 @@ class Engine:
         self.jobs: dict[int, Job] = {}
         self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
         self.receiving: dict[tuple[int, int], int] = {}  # (transfer id, attempt) -> local id of the KV
+        self.cancelled: set[int] = set()  # local ids dropped while their KV is being received
         self._local_ids = itertools.count()
         # The batcher, its pool and `jobs` are shared with the gRPC threads (transfer orders) and the link
         # threads (transfer results), so that transfers never wait for an iteration to end: every change
@@ -136,14 +138,35 @@ class Engine:
         self.lock = threading.Lock()
         self.emit: Callable[[TransferEvent], None] = lambda event: None  # to the report stream
 
-    def admit(self, work: BlockWork) -> None:
-        """Queue one block's prefill with the batcher."""
-        job = self._job(work)
+    def admit(self, work: BlockWork, call: int = 0) -> None:
+        """Queue one block's prefill with the batcher (`call`: the Enqueue call that brought it)."""
+        job = self._job(work, call)
         with self.lock:
             self.jobs[job.req.id] = job
             self.batcher.add_prefill(job.req)
 
-    def _job(self, work: BlockWork) -> Job:
+    def drop(self, request_id: int, before: int) -> int:
+        """Forget the work of request `request_id` that Enqueue calls before `before` brought: its queued
+        or seated block leaves the batcher with its pages, KV kept for a transfer is freed, and a KV being
+        received is freed once its receive ends (the link thread writes into it until then). Call it
+        between iterations (no forward in flight may use the pages). The number of blocks dropped."""
+        with self.lock:
+            receiving = set(self.receiving.values())
+            mine = [j for j in self.jobs.values() if j.request_id == request_id and j.call < before]
+            for job in mine:
+                local = job.req.id
+                if local in receiving:
+                    self.cancelled.add(local)
+                    continue
+                for key in [k for k, v in self.handed.items() if v == local]:
+                    del self.handed[key]
+                del self.jobs[local]
+                self.batcher.drop(job.req)
+        if mine:
+            log.info("dropped request %d (%d blocks)", request_id, len(mine))
+        return len(mine)
+
+    def _job(self, work: BlockWork, call: int = 0) -> Job:
         seq_len = work.prompt_len + work.mask_len
         tokens = torch.full((seq_len,), self.mask_id, dtype=torch.long)
         tokens[: len(work.tokens)] = torch.tensor(work.tokens, dtype=torch.long)
@@ -152,13 +175,14 @@ class Engine:
         req = Request(local, work.arrival, work.prompt_len, BLOCK, work.mask_len, (forwards or BLOCK,))
         block_start = work.prompt_len + BLOCK * work.block
         params = sampling_params(work.sampling, work.request_id)
-        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id)
+        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id, call)
 
     # ---- KV transfers (any thread, under the lock) ----------------------------------------------------
 
-    def transfer(self, order: TransferOrder) -> None:
-        """Carry out one order (any thread): a RELEASE, or an order that cannot start, emits its event at
-        once; otherwise the link thread's result comes back through `transfer_done`."""
+    def transfer(self, order: TransferOrder, call: int = 0) -> None:
+        """Carry out one order (any thread; `call`: the Enqueue call that brought it): a RELEASE, or an
+        order that cannot start, emits its event at once; otherwise the link thread's result comes back
+        through `transfer_done`."""
         with self.lock:
             try:
                 if order.kind is TransferKind.RELEASE:
@@ -169,7 +193,7 @@ class Engine:
                 if order.kind is TransferKind.SEND:
                     self._send(order)
                 else:
-                    self._receive(order)
+                    self._receive(order, call)
             except (TransferError, ValueError, MemoryError) as err:
                 now = time.monotonic()
                 self.emit(
@@ -184,7 +208,7 @@ class Engine:
         pages = tuple(self.batcher.pool.pages_of(local))
         self.transfers.send(order.peer, self._transfer_job(order, pages))
 
-    def _receive(self, order: TransferOrder) -> None:
+    def _receive(self, order: TransferOrder, call: int) -> None:
         assert self.transfers is not None
         work = order.work
         if work is None:
@@ -201,7 +225,7 @@ class Engine:
         pool = self.batcher.pool
         if not pool.can_allocate(order.pages):
             raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
-        job = self._job(work)
+        job = self._job(work, call)
         job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(order.block_tokens))
         job.req.step = order.step
         pages = tuple(pool.allocate(job.req.id, order.pages))
@@ -246,7 +270,10 @@ class Engine:
         with self.lock:
             if not result.send:
                 local = self.receiving.pop((job.transfer_id, job.attempt))
-                if result.ok:
+                if local in self.cancelled:  # dropped meanwhile: its pages are free to reuse now
+                    self.cancelled.discard(local)
+                    self._drop(local)
+                elif result.ok:
                     self.batcher.add_decode(self.jobs[local].req)
                 else:
                     self._drop(local)
@@ -286,8 +313,9 @@ class Engine:
                 )
                 job.req.steps = (forwards + 1,)
         end = time.monotonic()
+        decoded = tuple(j.request_id for j in decodes)
         with self.lock:
-            return self._complete(mb, start, end, items, done, gpu_s)
+            return self._complete(mb, start, end, items, done, gpu_s, decoded)
 
     def _complete(
         self,
@@ -297,6 +325,7 @@ class Engine:
         items: Sequence[ForwardItem],
         done: dict[int, Tensor],
         gpu_s: float,
+        decoded: tuple[int, ...] = (),
     ) -> IterationReport:
         outcome = self.batcher.complete(mb, end)
         shapes = tuple(
@@ -327,7 +356,7 @@ class Engine:
             )
             finished.append(done_block)
         stats = self._stats(start, end, mb)
-        return IterationReport(stats, gpu_s, shapes, tuple(prefilled), tuple(finished))
+        return IterationReport(stats, gpu_s, shapes, tuple(prefilled), tuple(finished), decoded=decoded)
 
     def _timed_forward(self, items: Sequence[ForwardItem]) -> tuple[Tensor, Any]:
         """Logits, and a callable giving the forward's seconds once the results are on the host."""

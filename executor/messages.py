@@ -6,8 +6,10 @@ Times are seconds of the host's `time.monotonic()`, which every process of one h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+
+from sangam.results import RecoveryCounts
 
 
 class RequestStatus(Enum):
@@ -87,6 +89,8 @@ class WorkerState:
     free_pages: int  # when it last reported (its registered pages until then)
     router_free: int = 0  # the router's tally of its free pages (disaggregated and hybrid layouts)
     outstanding: int = 0  # prefill tokens dispatched to it and not yet prefilled
+    lost: bool = False  # declared lost (and fenced) until a new process registers for it
+    pid: int = 0  # of the process that registered last
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,7 @@ class ClusterStatus:
     first_arrival: float  # the first accepted submission (0: none): the runs' time origin
     workers: tuple[WorkerState, ...]
     facts: ModelFacts | None  # None until every worker has registered
+    recovery: RecoveryCounts = field(default_factory=RecoveryCounts)
 
 
 # ---- workers -> scheduler ----------------------------------------------------------------------------
@@ -183,6 +188,7 @@ class IterationReport:
     # From `stats.start` to the worker's next iteration start when its loop went straight on (reporting
     # and admitting included); 0 when it next waited for work.
     cycle_s: float = 0.0
+    decoded: tuple[int, ...] = ()  # the requests whose block had a decode forward in this iteration
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +215,25 @@ class ReportBatch:
     iterations: tuple[IterationReport, ...] = ()
     transfers: tuple[TransferEvent, ...] = ()
     free_pages: int | None = None  # the worker's free KV pages when the batch was sent
+    incarnation: int = 0  # the sending process's registration number (`Registered.incarnation`)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """The scheduler's answer to a registration: refused (`error`), or accepted as `incarnation`, a number
+    every report of the process carries (reports of an older incarnation are refused)."""
+
+    error: str | None
+    incarnation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """The launcher saw worker `worker_id`'s process `pid` exit: the worker is lost."""
+
+    worker_id: int
+    pid: int
+    reason: str
 
 
 # ---- scheduler -> workers ----------------------------------------------------------------------------
@@ -247,8 +272,20 @@ class TransferOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class DropOrder:
+    """Forget a request on this worker: its queued or running block, its KV pages and its ends of KV
+    transfers. The worker applies it at its next iteration (never to pages a forward in flight uses), to
+    the work of earlier Enqueue calls only: the scheduler has sent the request elsewhere (a lost worker),
+    or ended it (a failure, a client's cancel)."""
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkBatch:
-    """What one Enqueue call carries: blocks to prefill, then transfer orders in the order issued."""
+    """What one Enqueue call carries, applied in this order: drops (of earlier calls' work), blocks to
+    prefill, then transfer orders in the order issued."""
 
     blocks: tuple[BlockWork, ...] = ()
     orders: tuple[TransferOrder, ...] = ()
+    drops: tuple[DropOrder, ...] = ()

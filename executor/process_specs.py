@@ -28,6 +28,8 @@ class SchedulerLaunch:
     port: int
     ready_file: str  # the bound addresses are written here (JSON) once listening
     iteration_log: str | None = None
+    restart_workers: bool = False  # lost workers come back: a layout unable to serve waits for them
+    worker_timeout: float = 30.0  # a worker holding work that has not reported for this long is lost
     control_port: int = 0
     exit_with_parent: bool = True
     log_level: str = "WARNING"

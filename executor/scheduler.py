@@ -11,10 +11,13 @@ sender thread per worker, so the core thread never waits on the network.
 
 Two servers: the client port (`Scheduler` service and grpc.health.v1, SERVING once every worker has
 registered) and the control port (`Control`: registration and reports), so that parked client streams
-cannot starve worker traffic. A watchdog checks every worker's health each second; a worker that fails
-twice in a row, or an `Enqueue` that fails, marks the cluster failed: every unfinished request gets
-status ERROR with the reason and further submits are refused (re-routing a lost worker's requests needs
-a router event that does not exist yet).
+cannot starve worker traffic. A worker is lost when the launcher reports its process's exit
+(`WorkerExited`), when it fails two health checks in a row (a watchdog checks each second), when an
+`Enqueue` to it fails, or when it holds work and has not reported for `worker_timeout` seconds; the
+router then recovers its requests (`SchedulerState.on_worker_lost`) and the run goes on. Its reports are
+refused from then on (FAILED_PRECONDITION: the worker stops) until a new process registers for it. Only
+a layout left unable to serve, with no restart coming, fails the cluster: every unfinished request gets
+status ERROR with the reason and further submits are refused.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import grpc
 
 from executor import codec, rpc
 from executor.iteration_log import IterationLog
-from executor.messages import BlockWork, RequestState, TransferOrder, WorkBatch
+from executor.messages import BlockWork, DropOrder, RequestState, TransferOrder, WorkBatch
 from executor.process_specs import SchedulerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
@@ -49,25 +52,33 @@ ENQUEUE_ATTEMPTS = 3
 ENQUEUE_BACKOFF_S = 0.1
 HEALTH_INTERVAL_S = 1.0
 HEALTH_FAILURES = 2  # consecutive failed checks that declare a worker lost
+WORKER_TIMEOUT_S = 30.0  # a worker holding work that has not reported for this long is lost
 CLIENT_THREADS = 256  # a parked Stream holds one
 CLIENT_MAX_RPCS = 240  # beyond this, calls fail fast with RESOURCE_EXHAUSTED instead of queueing
 
 log = logging.getLogger("sangam.scheduler")
 
 
-class WorkerLink:
-    """The scheduler's channel to one worker and the thread that carries work to it."""
+Work = BlockWork | TransferOrder | DropOrder
 
-    def __init__(self, worker_id: int, address: str) -> None:
+
+class WorkerLink:
+    """The scheduler's channel to one process of a worker and the thread that carries work to it."""
+
+    def __init__(self, worker_id: int, address: str, incarnation: int = 0) -> None:
         self.worker_id = worker_id
+        self.incarnation = incarnation
         self.channel = rpc.channel(address)
         self.stub = pb_grpc.WorkerStub(self.channel)
-        self.outbox: queue.SimpleQueue[BlockWork | TransferOrder | None] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        self._next: Work | None = None  # a drop that must open the next batch
+        self.stopped = False  # told to stop (its worker was lost): the sender thread ends
 
     def next_batch(self) -> WorkBatch | None:
         """Whatever queued up since the last call (waiting for the first); None once told to stop. The
-        worker takes a call's blocks, then its orders: the order among orders is kept."""
-        first = self.outbox.get()
+        worker takes a call's drops, then its blocks, then its orders: the order among orders is kept,
+        and a drop issued after a block or an order waits for the next call (it may be about them)."""
+        first, self._next = self._next or self.outbox.get(), None
         if first is None:
             return None
         batch = [first]
@@ -78,9 +89,15 @@ class WorkerLink:
                 break
             if item is None:
                 return None
+            if isinstance(item, DropOrder) and not all(isinstance(b, DropOrder) for b in batch):
+                self._next = item
+                break
             batch.append(item)
-        blocks = tuple(b for b in batch if isinstance(b, BlockWork))
-        return WorkBatch(blocks, tuple(t for t in batch if isinstance(t, TransferOrder)))
+        return WorkBatch(
+            tuple(b for b in batch if isinstance(b, BlockWork)),
+            tuple(t for t in batch if isinstance(t, TransferOrder)),
+            tuple(d for d in batch if isinstance(d, DropOrder)),
+        )
 
 
 class SchedulerCore:
@@ -98,8 +115,11 @@ class SchedulerCore:
         iteration_log: Path | None = None,
         mode: str = "colocated",
         transfer_attempts: int = TRANSFER_ATTEMPTS,
+        restarts: bool = False,
+        worker_timeout: float = WORKER_TIMEOUT_S,
     ) -> None:
         self.links: dict[int, WorkerLink] = {}
+        self.worker_timeout = worker_timeout
         self.state = SchedulerState(
             workers,
             send=self._send,
@@ -111,6 +131,7 @@ class SchedulerCore:
             stop_at_eos=stop_at_eos,
             mode=mode,
             transfer_attempts=transfer_attempts,
+            restarts=restarts,
         )
         self.state.iteration_log = IterationLog(iteration_log) if iteration_log is not None else None
         self.stopped = threading.Event()
@@ -170,17 +191,20 @@ class SchedulerCore:
     def register(self, msg: pb.RegisterRequest) -> pb.RegisterReply:
         reg = codec.registration_from_pb(msg)
         with self._links_lock:
-            error = self.state.register(reg)
-            if error is not None or reg.worker_id in self.links:
-                return codec.register_reply(error)
-            link = WorkerLink(reg.worker_id, reg.address)
+            answer = self.state.register(reg)
+            old = self.links.get(reg.worker_id)
+            if answer.error is not None or (old is not None and old.incarnation == answer.incarnation):
+                return codec.register_reply(answer)
+            link = WorkerLink(reg.worker_id, reg.address, answer.incarnation)
             self.links[reg.worker_id] = link
             self._thread(self._send_loop, f"enqueue-{reg.worker_id}", link)
             complete = self.state.complete
-        if complete:
+        if old is not None:  # a new process of a lost worker
+            self._post(self.state.on_worker_joined, reg.worker_id)
+        elif complete:
             self._thread(self._watchdog, "watchdog")
             self.on_ready()
-        return codec.register_reply(None)
+        return codec.register_reply(answer)
 
     def unavailable(self) -> str | None:
         if self.state.failure:
@@ -199,8 +223,25 @@ class SchedulerCore:
             self._post(self.state.on_arrival, tracked)
         return codec.submit_reply(tracked.state)
 
-    def report(self, msg: pb.ReportBatch) -> None:
-        self._post(self.state.on_batch, codec.reports_from_pb(msg))
+    def report(self, msg: pb.ReportBatch) -> str | None:
+        """Queue a worker's report batch; why it is refused (a lost or unknown sender), or None."""
+        batch = codec.reports_from_pb(msg)
+        reason = self.state.refusal(batch)
+        if reason is not None:
+            log.warning("report refused: %s", reason)
+            return reason
+        self._post(self.state.on_batch, batch)
+        return None
+
+    def worker_exited(self, msg: pb.WorkerExit) -> None:
+        """The launcher saw a worker process exit: that process's worker is lost (a later one stays)."""
+        exit = codec.exit_from_pb(msg)
+        with self._links_lock:
+            info = self.state.workers.get(exit.worker_id)
+            if info is None or info.registration.pid != exit.pid:
+                return
+            incarnation = info.incarnation
+        self.worker_lost(exit.worker_id, incarnation, f"its process {exit.reason}")
 
     def stream(self, rid: int, active: Callable[[], bool]) -> Iterator[RequestState]:
         tracked = self.state.tracked.get(rid)
@@ -218,16 +259,37 @@ class SchedulerCore:
                 return
             changed.wait(1.0)
 
-    def worker_lost(self, worker: int, reason: str) -> None:
-        self._post(self._fail, f"worker {worker} lost: {reason}")
+    def worker_lost(self, worker: int, incarnation: int, reason: str) -> None:
+        """Process `incarnation` of `worker` is gone (from any thread)."""
+        self._post(self._lose, worker, incarnation, reason)
 
     # ---- core thread -----------------------------------------------------------------------------------
+
+    def _lose(self, worker: int, incarnation: int | None, reason: str) -> None:
+        self.state.on_worker_lost(worker, reason, incarnation)
+        self._stop_lost_links()
+        if self.state.failure:
+            self.on_failure()
+
+    def _stop_lost_links(self) -> None:
+        """Nothing more goes to a lost worker's process (the router recalled what it held)."""
+        with self._links_lock:
+            for wid, link in self.links.items():
+                if self.state.workers[wid].lost and not link.stopped:
+                    link.stopped = True
+                    link.outbox.put(None)
+
+    def _lose_silent(self) -> None:
+        self.state.lose_silent(self.worker_timeout)
+        self._stop_lost_links()
+        if self.state.failure:
+            self.on_failure()
 
     def _fail(self, reason: str) -> None:
         if self.state.fail(reason):
             self.on_failure()
 
-    def _send(self, worker: int, item: BlockWork | TransferOrder) -> None:
+    def _send(self, worker: int, item: Work) -> None:
         self.links[worker].outbox.put(item)
 
     # ---- per-worker threads ----------------------------------------------------------------------------
@@ -247,24 +309,25 @@ class SchedulerCore:
                     permanent=lambda err: err.code() is grpc.StatusCode.INVALID_ARGUMENT,
                 )
             except grpc.RpcError as err:
-                self.worker_lost(link.worker_id, f"Enqueue failed: {rpc.describe(err)}")
+                self.worker_lost(link.worker_id, link.incarnation, f"Enqueue failed: {rpc.describe(err)}")
                 return
             if not delivered:
                 return
 
     def _watchdog(self) -> None:
-        with self._links_lock:
-            links = list(self.links.values())
-        failures = dict.fromkeys(self.links, 0)
+        """Each second: every current worker process's health, and the silence of those holding work."""
+        failures: dict[WorkerLink, int] = {}
         while not self.stopped.wait(HEALTH_INTERVAL_S):
             if self.state.failure:
                 return
+            self._post(self._lose_silent)
+            with self._links_lock:
+                links = [link for wid, link in self.links.items() if not self.state.workers[wid].lost]
             for link in links:
                 reason = rpc.check_health(link.channel)
-                failures[link.worker_id] = 0 if reason is None else failures[link.worker_id] + 1
-                if reason is not None and failures[link.worker_id] >= HEALTH_FAILURES:
-                    self.worker_lost(link.worker_id, f"health check failed: {reason}")
-                    return
+                failures[link] = 0 if reason is None else failures.get(link, 0) + 1
+                if reason is not None and failures[link] == HEALTH_FAILURES:
+                    self.worker_lost(link.worker_id, link.incarnation, f"health check failed: {reason}")
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -304,7 +367,13 @@ class ControlServicer(pb_grpc.ControlServicer):
         return self.core.register(request)
 
     def Report(self, request: pb.ReportBatch, context: grpc.ServicerContext) -> pb.ReportReply:
-        self.core.report(request)
+        reason = self.core.report(request)
+        if reason is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"reports refused: {reason}; stop")
+        return pb.ReportReply()
+
+    def WorkerExited(self, request: pb.WorkerExit, context: grpc.ServicerContext) -> pb.ReportReply:
+        self.core.worker_exited(request)
         return pb.ReportReply()
 
 
@@ -359,6 +428,8 @@ def main() -> int:
             iteration_log=Path(args.iteration_log) if args.iteration_log else None,
             mode=args.mode,
             transfer_attempts=args.transfer_attempts,
+            restarts=args.restart_workers,
+            worker_timeout=args.worker_timeout,
         )
         server = SchedulerServer(core, args.host, args.port, args.control_port)
     except (ValueError, OSError) as err:

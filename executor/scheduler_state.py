@@ -6,6 +6,12 @@ thread, the scheduler's core thread, in the order events arrived. Work for a wor
 `send(worker, item)`; clients read each request's `Tracked.state`, a snapshot replaced (never changed) on
 every update, and may wait on `Tracked.changed`, set when it is replaced.
 
+Lost workers (`on_worker_lost`, from the process's exit, failed health checks or silence while holding
+work): the router sends their requests back to routing at their last finished block, its `Drop` actions
+reach the surviving ends as `DropOrder`s, its `Fail` actions end requests with ERROR. The lost worker is
+fenced: its reports (and any report naming a request its sender does not hold, or from an unknown worker)
+are refused and logged, until a new process registers under its id (a new incarnation) and rejoins.
+
 The scheduler keeps each request's token ids (prompt and committed blocks) because every block starts
 with a prefill over the whole sequence, and that prefill may land on any worker (KV is freed at every
 block end). Worker reports bring the 32 ids of each finished block, never whole sequences.
@@ -24,8 +30,10 @@ from executor.iteration_log import IterationLog
 from executor.messages import (
     BlockWork,
     ClusterStatus,
+    DropOrder,
     IterationReport,
     ModelFacts,
+    Registered,
     Registration,
     ReportBatch,
     RequestState,
@@ -39,15 +47,16 @@ from executor.transfers import Arrived, Effect, Order, Released, Transfers
 from sangam.batcher import Outcome, Policy
 from sangam.config import RunConfig
 from sangam.hardware import BLOCK
-from sangam.layout import Layout, parse_mode
+from sangam.layout import Layout, Role, parse_mode
 from sangam.request import Request
-from sangam.router import Action, Router, Transfer
+from sangam.results import RecoveryCounts
+from sangam.router import Action, Drop, Fail, Recovery, Router, Transfer
 
 TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails
 
 log = logging.getLogger("sangam.scheduler")
 
-Send = Callable[[int, BlockWork | TransferOrder], None]
+Send = Callable[[int, BlockWork | TransferOrder | DropOrder], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +71,7 @@ class Tracked:
     sampling: Sampling
     req: Request | None = None  # None for a request rejected at Submit
     handoff_tokens: tuple[int, ...] = ()  # the handed-off block's ids after its prefill
+    holders: tuple[int, ...] = ()  # the workers whose reports of the current block are accepted
     generated: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.QUEUED
     error: str = ""
@@ -74,7 +84,12 @@ class Tracked:
 class WorkerInfo:
     registration: Registration
     role: str
+    incarnation: int = 0  # registrations of this worker id before this one
+    last_report: float | None = (
+        None  # when its last accepted report batch came (or silence was first checked)
+    )
     free_pages: int | None = None  # as last reported
+    lost: bool = False  # declared lost: fenced until a new process registers
 
 
 def block_work(tracked: Tracked, req: Request, block: int) -> BlockWork:
@@ -108,6 +123,7 @@ class SchedulerState:
         mode: str = "colocated",
         transfer_attempts: int = TRANSFER_ATTEMPTS,
         iteration_log: IterationLog | None = None,
+        restarts: bool = False,
     ) -> None:
         layout = parse_mode(mode, workers)
         if layout.num_workers != workers:
@@ -123,6 +139,7 @@ class SchedulerState:
         self.send = send
         self.clock = clock
         self.iteration_log = iteration_log
+        self.restarts = restarts  # lost workers are restarted: a layout left unable to serve waits for them
         self.transfers = Transfers(transfer_attempts)
         self.router: Router | None = None  # built once every worker has registered (pages known)
         self.facts: ModelFacts | None = None
@@ -143,26 +160,49 @@ class SchedulerState:
 
     # ---- any thread ------------------------------------------------------------------------------------
 
-    def register(self, reg: Registration) -> str | None:
-        """Add a worker (a repeated registration of the same process is accepted again); why not, or None."""
+    def register(self, reg: Registration) -> Registered:
+        """Add a worker, or a new process for a lost one (its next incarnation, which the core thread
+        then rejoins with `on_worker_joined`); a repeated registration of the same process is accepted
+        again."""
         with self._lock:
             if self.failure:
-                return f"the cluster has failed: {self.failure}"
+                return Registered(f"the cluster has failed: {self.failure}")
             old = self.workers.get(reg.worker_id)
-            if old is not None:
+            if old is not None and not old.lost:
                 same = (old.registration.address, old.registration.pid) == (reg.address, reg.pid)
-                return None if same else f"worker {reg.worker_id} is already registered"
-            error = check_registration(reg, self.layout, (w.registration for w in self.workers.values()))
+                error = None if same else f"worker {reg.worker_id} is already registered"
+                return Registered(error, old.incarnation)
+            if old is not None and old.registration.pid == reg.pid:
+                return Registered(f"worker {reg.worker_id} (pid {reg.pid}) was declared lost")
+            others = (
+                w.registration for w in self.workers.values() if w.registration.worker_id != reg.worker_id
+            )
+            error = check_registration(reg, self.layout, others)
             if error is not None:
-                return error
+                return Registered(error)
             role = self.layout.roles[reg.worker_id].value
-            self.workers[reg.worker_id] = WorkerInfo(reg, role)
+            incarnation = 0 if old is None else old.incarnation + 1
+            self.workers[reg.worker_id] = WorkerInfo(reg, role, incarnation)
+            if old is not None:
+                log.warning("worker %d registered again (pid %d, incarnation %d)", reg.worker_id, reg.pid,
+                            incarnation)  # fmt: skip
+                return Registered(None, incarnation)
             if len(self.workers) == self.layout.num_workers:
                 pages = min(w.registration.pages for w in self.workers.values())
                 self.facts = ModelFacts(reg.vocab, reg.mask_id, reg.eos_ids, pages, reg.model)
                 rng = RunConfig(gpus=self.layout.num_workers, theta=self.theta, seed=self.seed).rng("router")
                 self.router = Router(self.layout, pages, rng, self.theta, policy=self.policy)
         log.info("worker %d registered at %s (%s)", reg.worker_id, reg.address, reg.device)
+        return Registered(None, 0)
+
+    def refusal(self, batch: ReportBatch) -> str | None:
+        """Why a report batch is refused as a whole (its sender is no registered, current worker), or None."""
+        with self._lock:
+            info = self.workers.get(batch.worker_id)
+            if info is None:
+                return f"no worker {batch.worker_id} is registered"
+            if info.lost or batch.incarnation != info.incarnation:
+                return f"worker {batch.worker_id} (incarnation {batch.incarnation}) was declared lost"
         return None
 
     def submit(self, sub: Submission) -> Tracked:
@@ -203,7 +243,7 @@ class SchedulerState:
             pages = info.registration.pages
             free = pages if info.free_pages is None else info.free_pages
             tally = (router.free[wid], router.outstanding[wid]) if router is not None else (0, 0)
-            workers.append(WorkerState(wid, info.role, pages, free, *tally))
+            workers.append(WorkerState(wid, info.role, pages, free, *tally, info.lost, info.registration.pid))
         return ClusterStatus(
             ready=self.complete and not self.failure,
             workers_expected=self.layout.num_workers,
@@ -222,7 +262,16 @@ class SchedulerState:
             first_arrival=self.first_arrival or 0.0,
             workers=tuple(workers),
             facts=self.facts,
+            recovery=self.recovery,
         )
+
+    @property
+    def recovery(self) -> RecoveryCounts:
+        """What lost workers cost the run so far (the router's tallies; none before it exists)."""
+        r = self.router
+        if r is None:
+            return RecoveryCounts()
+        return RecoveryCounts(r.workers_lost, r.requests_recovered, r.forwards_redone, r.requests_failed)
 
     # ---- core thread -----------------------------------------------------------------------------------
 
@@ -235,9 +284,15 @@ class SchedulerState:
         self._apply(self.router.on_arrival(self.clock(), tracked.req))
 
     def on_batch(self, batch: ReportBatch) -> None:
-        """One worker's report batch: its transfer events first, then its iterations."""
-        info = self.workers.get(batch.worker_id)
-        if info is not None and batch.free_pages is not None:
+        """One worker's report batch: its transfer events first, then its iterations. A batch `refusal`
+        names a reason for is logged and changes nothing (its sender may have been lost since)."""
+        reason = self.refusal(batch)
+        if reason is not None:
+            log.warning("report refused: %s", reason)
+            return
+        info = self.workers[batch.worker_id]
+        info.last_report = self.clock()
+        if batch.free_pages is not None:
             info.free_pages = batch.free_pages
         if not self.failure:
             for event in batch.transfers:
@@ -249,6 +304,50 @@ class SchedulerState:
             return
         for report in batch.iterations:
             self._on_report(batch.worker_id, report)
+
+    def on_worker_lost(self, worker: int, reason: str, incarnation: int | None = None) -> None:
+        """Worker `worker` is gone (of its process `incarnation`, if given: a later one stays): fence
+        it and recover its requests. If the layout can no longer serve and no restart is coming, the
+        cluster fails."""
+        info = self.workers.get(worker)
+        if info is None or info.lost or (incarnation is not None and incarnation != info.incarnation):
+            return
+        with self._lock:
+            info.lost = True
+        log.warning("worker %d lost: %s", worker, reason)
+        if self.router is None or self.failure:
+            self.fail(f"worker {worker} lost: {reason}")
+            return
+        actions = self.router.on_worker_lost(self.clock(), worker)
+        self.transfers.on_worker_lost(worker, self._pairs(worker))
+        self._apply(actions)
+        if not self.router.can_serve and not self.restarts:
+            self.fail(f"worker {worker} lost ({reason}) and {self.router.missing}")
+
+    def on_worker_joined(self, worker: int) -> None:
+        """A new process of lost worker `worker` has registered: it takes work again."""
+        assert self.router is not None
+        if self.failure or self.router.up[worker]:
+            return
+        log.warning("worker %d rejoined", worker)
+        self._apply(self.router.on_worker_joined(self.clock(), worker))
+
+    def lose_silent(self, timeout: float) -> None:
+        """Declare lost every worker that holds work and has not reported for `timeout` seconds."""
+        now = self.clock()
+        holding = {w for t in self._active.values() for w in t.holders}
+        for wid, info in sorted(self.workers.items()):
+            if info.last_report is None:
+                info.last_report = now
+            if wid in holding and not info.lost and now - info.last_report > timeout:
+                self.on_worker_lost(wid, f"no report for {timeout:g} s while holding work")
+
+    def _pairs(self, worker: int) -> list[tuple[int, int]]:
+        """The KV link pairs (source, destination) `worker` is an end of."""
+        roles = self.layout.roles
+        if roles[worker] is Role.PREFILL:
+            return [(worker, w) for w, r in enumerate(roles) if r is not Role.PREFILL]
+        return [(w, worker) for w, r in enumerate(roles) if r is Role.PREFILL]
 
     def fail(self, reason: str) -> bool:
         """The cluster cannot go on: every unfinished request ends with ERROR and this reason. False if it
@@ -270,10 +369,15 @@ class SchedulerState:
             if tracked is not None and tracked.req is not None:
                 rec = tracked.req.record
                 rec.prefill_start, rec.prefill_end = entry.prefill_start, entry.prefill_end
+                tracked.req.step = 1  # the prefill is the block's first forward
                 prefilled.append(tracked.req)
                 if entry.handoff:
                     tracked.handoff_tokens = entry.block_tokens
                     handoffs.append(tracked.req)
+        for rid in report.decoded:  # forwards a lost worker's block would have to redo
+            tracked = self._active.get(rid)
+            if tracked is not None and tracked.req is not None and worker in tracked.holders:
+                tracked.req.step += 1
         for done in report.finished:
             tracked = self._current(done.request_id, done.block, worker)
             if tracked is None or tracked.req is None:
@@ -299,24 +403,36 @@ class SchedulerState:
             self._apply(self.router.on_iteration(self.clock(), worker, outcome))
 
     def _current(self, rid: int, block: int, worker: int) -> Tracked | None:
-        """The active request a report entry is about, or None (and a warning) if it is stale."""
+        """The active request a report entry is about, or None (and a warning) if it is stale or its
+        sender does not hold it."""
         tracked = self._active.get(rid)
         if tracked is None or tracked.req is None or tracked.req.block != block:
             log.warning("worker %d reported stale block %d of request %d", worker, block, rid)
             return None
+        if worker not in tracked.holders:
+            log.warning("worker %d reported request %d, which it does not hold: refused", worker, rid)
+            return None
         return tracked
 
-    def _apply(self, actions: Sequence[Action]) -> None:
+    def _apply(self, actions: Sequence[Action | Recovery]) -> None:
         for action in actions:
             req = action.req
+            if isinstance(action, Fail):
+                self._end_failed(req.id, action.reason)
+                continue
             tracked = self._active[req.id]
+            if isinstance(action, Drop):
+                self.drop(tracked, action.worker)
+                continue
             if isinstance(action, Transfer):
                 work = block_work(tracked, req, req.block)
+                tracked.holders = (action.src, action.dst)
                 effects = self.transfers.start(
                     self.clock(), req, action.src, action.dst, work, tracked.handoff_tokens
                 )
                 self._on_effects(effects)
                 continue
+            tracked.holders = (action.worker,)
             self.send(action.worker, block_work(tracked, req, req.block))
             if tracked.status is RequestStatus.QUEUED:
                 tracked.status = RequestStatus.RUNNING
@@ -340,6 +456,21 @@ class SchedulerState:
                     self._error(tracked, effect.reason)
                 # the destination freed its pages when its receive failed
                 self._apply(self.router.on_transfer_failed(self.clock(), transfer.req, transfer.dst))
+
+    def drop(self, tracked: Tracked, worker: int) -> None:
+        """Have `worker` forget the request (its block, pages and transfer ends) and refuse its reports of
+        it from now on; the request's KV transfer, if any, is void."""
+        self.transfers.forget(tracked.id)
+        tracked.holders = tuple(w for w in tracked.holders if w != worker)
+        self.send(worker, DropOrder(tracked.id))
+
+    def _end_failed(self, rid: int, reason: str) -> None:
+        """The request cannot be served: it ends with ERROR and `reason`."""
+        self.transfers.forget(rid)
+        tracked = self._active.pop(rid, None)
+        if tracked is not None:
+            tracked.holders = ()
+            self._error(tracked, reason)
 
     def _error(self, tracked: Tracked, reason: str) -> None:
         with self._lock:

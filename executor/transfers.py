@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
@@ -112,11 +113,34 @@ class Transfers:
         self._live[transfer.id] = transfer
         return self._attempt(transfer)
 
+    def forget(self, request_id: int) -> None:
+        """The request's transfer (if any) is void: the router sent the request back to routing or ended
+        it, and its ends were told to drop it; their later events are stale."""
+        for transfer in [t for t in self._live.values() if t.req.id == request_id]:
+            del self._live[transfer.id]
+
+    def on_worker_lost(self, worker: int, pairs: Sequence[tuple[int, int]]) -> None:
+        """Forget the transfers `worker` was an end of (the router recalled their requests) and raise the
+        generation of each of its (source, destination) `pairs`, so that the survivors and a restarted
+        process build fresh links instead of using the dead one's."""
+        for transfer in [t for t in self._live.values() if worker in (t.src, t.dst)]:
+            del self._live[transfer.id]
+        for pair in pairs:
+            self._generations[pair] = self._generations.get(pair, 0) + 1
+
     def on_event(self, worker: int, event: TransferEvent) -> list[Effect]:
-        """One end of an attempt, or the source's release, reported by `worker`."""
+        """One end of an attempt, or the source's release, reported by `worker`; an event of another
+        worker's end is refused."""
         transfer = self._live.get(event.transfer_id)
         if transfer is None:
             return self._stale(worker, event)
+        end = transfer.dst if event.kind is TransferKind.RECEIVE else transfer.src
+        if worker != end:
+            log.warning(
+                "worker %d reported the %s end of KV transfer %d, which is worker %d's: refused",
+                worker, event.kind.value, transfer.id, end,
+            )  # fmt: skip
+            return []
         if event.kind is TransferKind.RELEASE:
             del self._live[transfer.id]
             if not event.ok:

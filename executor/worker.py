@@ -3,13 +3,16 @@
     python -m executor.worker --worker-id 0 --scheduler 127.0.0.1:PORT [--model tiny-llada] ...
 
 Threads:
-- gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) validate and push blocks onto a thread-safe inbox;
-  transfer orders they start at once (under `Engine.lock`);
+- gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) validate and push blocks and drops onto a
+  thread-safe inbox (a drop applies to the work of earlier calls); transfer orders they start at once
+  (under `Engine.lock`);
 - the loop thread (the main thread) drives the Engine: drain inbox -> admit -> `Engine.step` -> hand the
   iteration's report to the outbox. It never waits on the scheduler or the network; the Batcher and its
   pool change only under `Engine.lock`, which the forward does not hold;
 - KV link threads (disaggregated and hybrid layouts) move KV, then hand a received block to the Engine;
-- the sender thread batches reports and transfer events from the outbox into `Control.Report` calls;
+- the sender thread batches reports and transfer events from the outbox into `Control.Report` calls, and
+  sends an empty one after `HEARTBEAT_S` without any (the scheduler declares a silent worker holding work
+  lost); a report the scheduler refuses (this process was declared lost) stops the worker;
 - the hang watch marks the worker unhealthy if one iteration runs too long.
 
 Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`) give each worker a role; a prefill worker's
@@ -20,6 +23,7 @@ the pool's free pages.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -39,7 +43,15 @@ from executor import codec, rpc
 from executor.engine import Engine, build_model, build_runner, check_work
 from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import KVTransfers, LinkConfig, TransferResult, open_store
-from executor.messages import BlockWork, IterationReport, Registration, ReportBatch, TransferEvent
+from executor.messages import (
+    BlockWork,
+    DropOrder,
+    IterationReport,
+    Registered,
+    Registration,
+    ReportBatch,
+    TransferEvent,
+)
 from executor.process_specs import WorkerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
@@ -53,6 +65,7 @@ REPORT_BATCH = 256  # iterations per Report call at most
 STAGED_TOKENS = 4096 + 1024  # transfer staging is allocated up front for a sequence this long
 REPORT_ATTEMPTS = 4
 REPORT_BACKOFF_S = 0.2
+HEARTBEAT_S = 1.0
 
 log = logging.getLogger("sangam.worker")
 
@@ -69,13 +82,15 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         if self.worker.stopping.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
-        if batch.blocks:
-            self.worker.inbox.put(list(batch.blocks))
-        for order in batch.orders:  # right away, in the order the scheduler issued them
-            self.worker.engine.transfer(order)
+        with self.worker.calls_lock:  # the scheduler's sender makes one call at a time: keeps its order
+            call = next(self.worker.calls)
+            if batch.drops or batch.blocks:
+                self.worker.inbox.put((call, [*batch.drops, *batch.blocks]))
+            for order in batch.orders:  # right away, in the order the scheduler issued them
+                self.worker.engine.transfer(order, call)
         if batch.orders:
             self.worker.wake()  # a RELEASE may let a waiting prefill in
-        return pb.EnqueueReply(accepted=len(batch.blocks) + len(batch.orders))
+        return pb.EnqueueReply(accepted=len(batch.blocks) + len(batch.orders) + len(batch.drops))
 
     def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
         self.worker.stop("shutdown requested")
@@ -83,6 +98,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
 
 Outbound = IterationReport | TransferEvent
+Inbound = tuple[int, list[DropOrder | BlockWork]]  # an Enqueue call's number, its drops and blocks
 
 
 class WorkerProcess:
@@ -92,7 +108,10 @@ class WorkerProcess:
         self.worker_id = worker_id
         self.engine = engine
         self.control = control
-        self.inbox: queue.SimpleQueue[list[BlockWork]] = queue.SimpleQueue()  # [] only wakes the loop
+        self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()  # an empty list only wakes the loop
+        self.calls = itertools.count(1)  # Enqueue calls, numbered as they come
+        self.calls_lock = threading.Lock()
+        self.incarnation = 0  # the scheduler's number of this process's registration
         self.outbox: queue.SimpleQueue[Outbound | None] = queue.SimpleQueue()
         engine.emit = self.outbox.put
         self.stopping = threading.Event()
@@ -167,24 +186,33 @@ class WorkerProcess:
         self.wake()
 
     def wake(self) -> None:
-        self.inbox.put([])
+        self.inbox.put((0, []))
 
     def _drain(self, wait: bool) -> None:
+        """Admit queued blocks and apply drops (between iterations: no forward uses their pages now)."""
         try:
-            item = self.inbox.get(timeout=0.05) if wait else self.inbox.get_nowait()
+            call, items = self.inbox.get(timeout=0.05) if wait else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
-            for work in item:
-                self.engine.admit(work)
+            for item in items:
+                if isinstance(item, DropOrder):
+                    self.engine.drop(item.request_id, before=call)
+                else:
+                    self.engine.admit(item, call)
             try:
-                item = self.inbox.get_nowait()
+                call, items = self.inbox.get_nowait()
             except queue.Empty:
                 return
 
     def _send_loop(self) -> None:
         while True:
-            first = self.outbox.get()
+            try:
+                first: Outbound | None = self.outbox.get(timeout=HEARTBEAT_S)
+            except queue.Empty:  # a heartbeat: the scheduler sees this worker alive although idle
+                if not self._send(codec.reports_to_pb(self._batch([]))):
+                    return
+                continue
             if first is None:
                 return
             batch = [first]
@@ -198,16 +226,19 @@ class WorkerProcess:
                     last = True
                     break
                 batch.append(item)
-            reports = ReportBatch(
-                self.worker_id,
-                iterations=tuple(r for r in batch if isinstance(r, IterationReport)),
-                transfers=tuple(e for e in batch if isinstance(e, TransferEvent)),
-                free_pages=self.engine.batcher.pool.num_free,  # read after every queued change was made
-            )
-            if not self._send(codec.reports_to_pb(reports)):
+            if not self._send(codec.reports_to_pb(self._batch(batch))):
                 return
             if last:
                 return
+
+    def _batch(self, items: Sequence[Outbound]) -> ReportBatch:
+        return ReportBatch(
+            self.worker_id,
+            iterations=tuple(r for r in items if isinstance(r, IterationReport)),
+            transfers=tuple(e for e in items if isinstance(e, TransferEvent)),
+            free_pages=self.engine.batcher.pool.num_free,  # read after every queued change was made
+            incarnation=self.incarnation,
+        )
 
     def _send(self, message: pb.ReportBatch) -> bool:
         try:
@@ -216,9 +247,13 @@ class WorkerProcess:
                 attempts=REPORT_ATTEMPTS,
                 backoff_s=REPORT_BACKOFF_S,
                 stopping=self.stopping,
+                permanent=lambda err: err.code() is grpc.StatusCode.FAILED_PRECONDITION,
             )
         except grpc.RpcError as err:
-            self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
+            if err.code() is grpc.StatusCode.FAILED_PRECONDITION:  # fenced: a newer process may serve
+                self.fail(f"the scheduler refused this worker's reports: {err.details()}")
+            else:
+                self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
             return False
 
 
@@ -252,8 +287,8 @@ def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.devic
     return transfers
 
 
-def register(control: pb_grpc.ControlStub, registration: Registration, timeout: float = 30.0) -> None:
-    """Register with the scheduler, retrying while it is not reachable yet."""
+def register(control: pb_grpc.ControlStub, registration: Registration, timeout: float = 30.0) -> Registered:
+    """Register with the scheduler, retrying while it is not reachable yet; the accepted registration."""
     message = codec.registration_to_pb(registration)
     deadline = time.monotonic() + timeout
     while True:
@@ -264,8 +299,10 @@ def register(control: pb_grpc.ControlStub, registration: Registration, timeout: 
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cannot register with the scheduler: {rpc.describe(err)}") from None
             time.sleep(0.2)
-    if not reply.accepted:
-        raise RuntimeError(f"the scheduler refused registration: {reply.error}")
+    answer = codec.registered_from_pb(reply)
+    if answer.error is not None:
+        raise RuntimeError(f"the scheduler refused registration: {answer.error}")
+    return answer
 
 
 def main() -> int:
@@ -323,7 +360,7 @@ def main() -> int:
         address = rpc.bind(srv, args.host, args.port)
         srv.start()
         config = model.config
-        register(
+        process.incarnation = register(
             control,
             Registration(
                 worker_id=args.worker_id,
@@ -337,7 +374,7 @@ def main() -> int:
                 pid=os.getpid(),
                 role=role.value,
             ),
-        )
+        ).incarnation
         rpc.set_serving(health, True)
 
         def on_hang(why: str) -> None:  # the scheduler's health checks then declare this worker lost

@@ -167,6 +167,10 @@ class StatusReply(_message.Message):
         "transfer_retries",
         "transfers_in_flight",
         "first_arrival",
+        "workers_lost",
+        "requests_recovered",
+        "forwards_redone",
+        "requests_failed",
     )
     READY_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +193,10 @@ class StatusReply(_message.Message):
     TRANSFER_RETRIES_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FIRST_ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_LOST_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RECOVERED_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_REDONE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     workers_expected: int
     workers_registered: int
@@ -210,6 +218,10 @@ class StatusReply(_message.Message):
     transfer_retries: int
     transfers_in_flight: int
     first_arrival: float
+    workers_lost: int
+    requests_recovered: int
+    forwards_redone: int
+    requests_failed: int
     def __init__(
         self,
         ready: _Optional[bool] = ...,
@@ -233,22 +245,30 @@ class StatusReply(_message.Message):
         transfer_retries: _Optional[int] = ...,
         transfers_in_flight: _Optional[int] = ...,
         first_arrival: _Optional[float] = ...,
+        workers_lost: _Optional[int] = ...,
+        requests_recovered: _Optional[int] = ...,
+        forwards_redone: _Optional[int] = ...,
+        requests_failed: _Optional[int] = ...,
     ) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "role", "pages", "free_pages", "router_free", "outstanding")
+    __slots__ = ("worker_id", "role", "pages", "free_pages", "router_free", "outstanding", "lost", "pid")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     ROUTER_FREE_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     role: str
     pages: int
     free_pages: int
     router_free: int
     outstanding: int
+    lost: bool
+    pid: int
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -257,6 +277,8 @@ class WorkerState(_message.Message):
         free_pages: _Optional[int] = ...,
         router_free: _Optional[int] = ...,
         outstanding: _Optional[int] = ...,
+        lost: _Optional[bool] = ...,
+        pid: _Optional[int] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):
@@ -403,12 +425,28 @@ class RegisterRequest(_message.Message):
     ) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("accepted", "error")
+    __slots__ = ("accepted", "error", "incarnation")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     error: str
-    def __init__(self, accepted: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    incarnation: int
+    def __init__(
+        self, accepted: _Optional[bool] = ..., error: _Optional[str] = ..., incarnation: _Optional[int] = ...
+    ) -> None: ...
+
+class WorkerExit(_message.Message):
+    __slots__ = ("worker_id", "pid", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    pid: int
+    reason: str
+    def __init__(
+        self, worker_id: _Optional[int] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ...
+    ) -> None: ...
 
 class BlockWork(_message.Message):
     __slots__ = ("request_id", "arrival", "block", "prompt_len", "mask_len", "tokens", "forwards", "sampling")
@@ -441,16 +479,25 @@ class BlockWork(_message.Message):
     ) -> None: ...
 
 class EnqueueBatch(_message.Message):
-    __slots__ = ("blocks", "transfers")
+    __slots__ = ("blocks", "transfers", "drops")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockWork]
     transfers: _containers.RepeatedCompositeFieldContainer[TransferOrder]
+    drops: _containers.RepeatedCompositeFieldContainer[DropOrder]
     def __init__(
         self,
         blocks: _Optional[_Iterable[_Union[BlockWork, _Mapping]]] = ...,
         transfers: _Optional[_Iterable[_Union[TransferOrder, _Mapping]]] = ...,
+        drops: _Optional[_Iterable[_Union[DropOrder, _Mapping]]] = ...,
     ) -> None: ...
+
+class DropOrder(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class TransferOrder(_message.Message):
     __slots__ = (
@@ -665,19 +712,21 @@ class BlockDone(_message.Message):
     ) -> None: ...
 
 class IterationReport(_message.Message):
-    __slots__ = ("stats", "gpu_s", "items", "prefilled", "finished", "cycle_s")
+    __slots__ = ("stats", "gpu_s", "items", "prefilled", "finished", "cycle_s", "decoded")
     STATS_FIELD_NUMBER: _ClassVar[int]
     GPU_S_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     PREFILLED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     CYCLE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODED_FIELD_NUMBER: _ClassVar[int]
     stats: IterationStats
     gpu_s: float
     items: _containers.RepeatedCompositeFieldContainer[ItemShape]
     prefilled: _containers.RepeatedCompositeFieldContainer[Prefilled]
     finished: _containers.RepeatedCompositeFieldContainer[BlockDone]
     cycle_s: float
+    decoded: _containers.RepeatedScalarFieldContainer[int]
     def __init__(
         self,
         stats: _Optional[_Union[IterationStats, _Mapping]] = ...,
@@ -686,24 +735,28 @@ class IterationReport(_message.Message):
         prefilled: _Optional[_Iterable[_Union[Prefilled, _Mapping]]] = ...,
         finished: _Optional[_Iterable[_Union[BlockDone, _Mapping]]] = ...,
         cycle_s: _Optional[float] = ...,
+        decoded: _Optional[_Iterable[int]] = ...,
     ) -> None: ...
 
 class ReportBatch(_message.Message):
-    __slots__ = ("worker_id", "iterations", "transfers", "free_pages")
+    __slots__ = ("worker_id", "iterations", "transfers", "free_pages", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     iterations: _containers.RepeatedCompositeFieldContainer[IterationReport]
     transfers: _containers.RepeatedCompositeFieldContainer[TransferEvent]
     free_pages: int
+    incarnation: int
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
         iterations: _Optional[_Iterable[_Union[IterationReport, _Mapping]]] = ...,
         transfers: _Optional[_Iterable[_Union[TransferEvent, _Mapping]]] = ...,
         free_pages: _Optional[int] = ...,
+        incarnation: _Optional[int] = ...,
     ) -> None: ...
 
 class ReportReply(_message.Message):

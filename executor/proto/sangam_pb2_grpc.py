@@ -372,6 +372,12 @@ class ControlStub:
             response_deserializer=executor_dot_proto_dot_sangam__pb2.ReportReply.FromString,
             _registered_method=True,
         )
+        self.WorkerExited = channel.unary_unary(
+            "/sangam.live.v1.Control/WorkerExited",
+            request_serializer=executor_dot_proto_dot_sangam__pb2.WorkerExit.SerializeToString,
+            response_deserializer=executor_dot_proto_dot_sangam__pb2.ReportReply.FromString,
+            _registered_method=True,
+        )
 
 
 class ControlServicer:
@@ -391,6 +397,12 @@ class ControlServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def WorkerExited(self, request, context):
+        """The launcher saw a worker's process exit: the worker is lost at once."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +414,11 @@ def add_ControlServicer_to_server(servicer, server):
         "Report": grpc.unary_unary_rpc_method_handler(
             servicer.Report,
             request_deserializer=executor_dot_proto_dot_sangam__pb2.ReportBatch.FromString,
+            response_serializer=executor_dot_proto_dot_sangam__pb2.ReportReply.SerializeToString,
+        ),
+        "WorkerExited": grpc.unary_unary_rpc_method_handler(
+            servicer.WorkerExited,
+            request_deserializer=executor_dot_proto_dot_sangam__pb2.WorkerExit.FromString,
             response_serializer=executor_dot_proto_dot_sangam__pb2.ReportReply.SerializeToString,
         ),
     }
@@ -464,6 +481,36 @@ class Control:
             target,
             "/sangam.live.v1.Control/Report",
             executor_dot_proto_dot_sangam__pb2.ReportBatch.SerializeToString,
+            executor_dot_proto_dot_sangam__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def WorkerExited(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/sangam.live.v1.Control/WorkerExited",
+            executor_dot_proto_dot_sangam__pb2.WorkerExit.SerializeToString,
             executor_dot_proto_dot_sangam__pb2.ReportReply.FromString,
             options,
             channel_credentials,

@@ -9,9 +9,11 @@ from dataclasses import replace
 from executor.messages import (
     BlockDone,
     BlockWork,
+    DropOrder,
     IterationReport,
     IterationStats,
     Prefilled,
+    Registered,
     Registration,
     ReportBatch,
     RequestStatus,
@@ -19,8 +21,10 @@ from executor.messages import (
     TransferEvent,
     TransferKind,
     TransferOrder,
+    WorkBatch,
 )
 from executor.scheduler_state import SchedulerState
+from sangam.results import RecoveryCounts
 
 PAGES = 100
 PROMPT = tuple(range(1, 21))  # with a 64-token mask buffer: 6 pages
@@ -52,17 +56,21 @@ def stats(worker: int) -> IterationStats:
 
 def test_registration_checks_the_layouts_role_and_the_model_and_accepts_the_same_process_again() -> None:
     core, _ = state("1P1D", 2)
-    assert core.register(registration(2)) == "worker id 2 outside 0..1"
-    assert core.register(registration(0)) == "worker 0 has the colocated role, 1P1D gives it the prefill role"
-    assert core.register(registration(0, "prefill")) is None
-    assert core.register(registration(0, "prefill")) is None  # the same process, again
-    elsewhere = replace(registration(0, "prefill"), address="127.0.0.1:1")
-    assert core.register(elsewhere) == "worker 0 is already registered"
+    assert core.register(registration(2)).error == "worker id 2 outside 0..1"
     assert (
-        core.register(registration(1, "decode", vocab=5)) == "worker 1 serves a different model than worker 0"
+        core.register(registration(0)).error
+        == "worker 0 has the colocated role, 1P1D gives it the prefill role"
+    )
+    assert core.register(registration(0, "prefill")).error is None
+    assert core.register(registration(0, "prefill")).error is None  # the same process, again
+    elsewhere = replace(registration(0, "prefill"), address="127.0.0.1:1")
+    assert core.register(elsewhere).error == "worker 0 is already registered"
+    assert (
+        core.register(registration(1, "decode", vocab=5)).error
+        == "worker 1 serves a different model than worker 0"
     )
     assert not core.complete
-    assert core.register(registration(1, "decode")) is None
+    assert core.register(registration(1, "decode")).error is None
     assert core.complete and core.facts is not None and core.facts.pages == PAGES
 
 
@@ -138,3 +146,170 @@ def test_a_transfer_given_up_fails_the_request_and_gives_both_ends_pages_back_to
     assert core.router.free == [PAGES, PAGES]
     status = core.status()
     assert (status.transfers_failed, status.transfers_in_flight, status.errors) == (1, 0, 1)
+
+
+# ---- lost workers ------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recovering(mode: str, workers: int, *, restarts: bool = False) -> tuple[SchedulerState, list, Clock]:
+    """Every worker registered (roles from the layout) on a clock the test moves."""
+    sent: list[tuple[int, object]] = []
+    clock = Clock()
+    core = SchedulerState(
+        workers, send=lambda w, item: sent.append((w, item)), clock=clock, mask_len=64, mode=mode,
+        restarts=restarts,
+    )  # fmt: skip
+    for w, role in enumerate(core.layout.roles):
+        assert core.register(registration(w, role.value)).error is None
+    return core, sent, clock
+
+
+def handed_off(core: SchedulerState, worker: int, rid: int = 0) -> IterationReport:
+    ids = tuple(range(100, 132))
+    entry = Prefilled(rid, 0, 101.0, 102.0, handoff=True, block_tokens=ids)
+    return IterationReport(stats(worker), 0.1, prefilled=(entry,))
+
+
+def test_a_lost_transfer_source_drops_the_destination_and_the_block_restarts_on_the_other_prefill() -> None:
+    core, sent, _ = recovering("2P1D", 3)
+    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(tracked)
+    ((src, work),) = sent
+    core.on_batch(ReportBatch(src, (handed_off(core, src),)))
+    assert [(w, item.kind) for w, item in sent[1:]] == [(2, TransferKind.RECEIVE), (src, TransferKind.SEND)]
+    sent.clear()
+
+    core.on_worker_lost(src, "its process exited with status -9")
+    other = 1 - src
+    assert sent == [(2, DropOrder(0)), (other, work)]  # the destination forgets it; the block restarts
+    assert tracked.state.status is RequestStatus.RUNNING and not core.failure
+    assert core.status().recovery == RecoveryCounts(1, 1, 1, 0)
+    assert core.status().workers[src].lost
+
+    late = TransferEvent(TransferKind.RECEIVE, 0, 1, True, "", 103.0, 104.0)
+    core.on_batch(ReportBatch(2, transfers=(late,)))  # the void transfer's receive: stale, no release
+    assert core.refusal(ReportBatch(src, (handed_off(core, src),))) is not None
+    core.on_batch(ReportBatch(src, (handed_off(core, src),)))  # the fenced worker: refused
+    assert len(sent) == 2 and core.iterations == 1
+
+    core.on_batch(ReportBatch(other, (handed_off(core, other),)))
+    receive = sent[2][1]
+    assert (
+        isinstance(receive, TransferOrder) and receive.kind is TransferKind.RECEIVE and receive.peer == other
+    )
+    assert receive.generation == 0  # a pair without the lost worker keeps its link
+    arrived = TransferEvent(TransferKind.RECEIVE, receive.transfer_id, 1, True, "", 105.0, 106.0)
+    done = BlockDone(0, 0, tuple(range(100, 132)), 3, 107.0, decode_start=106.0)
+    core.on_batch(ReportBatch(2, (IterationReport(stats(2), 0.1, finished=(done,)),), (arrived,)))
+    assert tracked.state.status is RequestStatus.DONE and core.done == 1
+    core.on_batch(
+        ReportBatch(other, transfers=(TransferEvent(TransferKind.RELEASE, receive.transfer_id, 1, True),))
+    )
+    assert core.router is not None and core.router.free == [PAGES, PAGES, PAGES]
+    assert core.transfers.in_flight == 0
+
+
+def test_a_layout_left_without_a_decode_worker_fails_its_requests_and_then_the_cluster() -> None:
+    core, sent, _ = recovering("1P1D", 2)
+    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(tracked)
+    core.on_batch(ReportBatch(0, (handed_off(core, 0),)))
+    sent.clear()
+    core.on_worker_lost(1, "health check failed: DEADLINE_EXCEEDED")
+    reason = "worker 1 was lost and 1P1D has no decode worker left"
+    assert sent == [(0, DropOrder(0))]  # the source frees the KV it kept for the transfer
+    assert (tracked.state.status, tracked.state.error) == (RequestStatus.ERROR, reason)
+    assert core.status().recovery == RecoveryCounts(1, 0, 0, 1)
+    assert (
+        core.failure
+        == "worker 1 lost (health check failed: DEADLINE_EXCEEDED) and 1P1D has no decode worker left"
+    )
+
+
+def test_with_restarts_coming_the_cluster_waits_and_a_new_process_takes_work_as_the_next_incarnation() -> (
+    None
+):
+    core, sent, _ = recovering("colocated", 1, restarts=True)
+    first = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(first)
+    core.on_worker_lost(0, "its process exited with status -9")
+    assert first.state.status is RequestStatus.ERROR and not core.failure
+    waiting = core.submit(Submission(PROMPT, gen_len=32, forwards=(2,)))
+    core.on_arrival(waiting)
+    assert len(sent) == 1  # nowhere to go yet
+
+    assert core.register(registration(0)).error == "worker 0 (pid 40) was declared lost"
+    restarted = replace(registration(0), address="127.0.0.1:7100", pid=77)
+    assert core.register(restarted) == Registered(None, 1)
+    core.on_worker_joined(0)
+    assert sent[1] == (0, BlockWork(1, 100.0, 0, 20, 64, PROMPT, 2))
+    done = BlockDone(1, 0, tuple(range(100, 132)), 2, 103.0)
+    report = IterationReport(stats(0), 0.1, prefilled=(Prefilled(1, 0, 101.0, 102.0),), finished=(done,))
+    assert core.refusal(ReportBatch(0, (report,))) is not None  # the old process's incarnation
+    core.on_batch(ReportBatch(0, (report,), incarnation=0))
+    assert waiting.state.status is RequestStatus.RUNNING
+    core.on_batch(ReportBatch(0, (report,), incarnation=1))
+    assert waiting.state.status is RequestStatus.DONE and core.status().workers[0].pid == 77
+
+
+def test_reports_of_unknown_workers_and_of_requests_the_sender_does_not_hold_change_nothing() -> None:
+    core, sent, _ = recovering("2C", 2)
+    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(tracked)
+    ((holder, _),) = sent
+    forged = IterationReport(
+        stats(0), 0.1, prefilled=(Prefilled(0, 0, 101.0, 102.0),),
+        finished=(BlockDone(0, 0, (7,) * 32, 1, 103.0),), decoded=(0,),
+    )  # fmt: skip
+    assert core.refusal(ReportBatch(5, (forged,))) == "no worker 5 is registered"
+    core.on_batch(ReportBatch(5, (forged,)))
+    core.on_batch(ReportBatch(1 - holder, (forged,)))
+    assert tracked.state.status is RequestStatus.RUNNING and tracked.state.token_ids == ()
+    assert tracked.req is not None and tracked.req.step == 0 and len(sent) == 1
+    assert core.router is not None and core.router.outstanding[holder] == 84
+    assert core.iterations == 1  # the registered non-holder's iteration happened; the unknown one's not
+
+
+def test_a_worker_holding_work_is_lost_after_the_timeout_without_a_report_and_an_idle_one_never() -> None:
+    core, sent, clock = recovering("2C", 2)
+    core.lose_silent(5.0)  # the silence is counted from the first check
+    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(tracked)
+    ((holder, work),) = sent
+    clock.now += 4.0
+    core.lose_silent(5.0)  # silent for 4 s only
+    assert not any(w.lost for w in core.status().workers)
+    prefill = IterationReport(stats(holder), 0.1, prefilled=(Prefilled(0, 0, 101.0, 102.0),))
+    core.on_batch(ReportBatch(holder, (prefill, IterationReport(stats(holder), 0.1, decoded=(0,)))))
+    clock.now += 4.0
+    core.on_batch(ReportBatch(1 - holder))  # a heartbeat of the idle one
+    core.lose_silent(5.0)
+    assert not any(w.lost for w in core.status().workers)
+    clock.now += 2.0
+    core.lose_silent(5.0)
+    assert [w.lost for w in core.status().workers] == [w == holder for w in (0, 1)]
+    assert core.status().recovery == RecoveryCounts(1, 1, 2, 0)  # its prefill and one decode
+    assert sent[1] == (1 - holder, replace(work, arrival=work.arrival))
+
+
+def test_a_drop_issued_after_work_for_the_same_worker_goes_in_the_next_enqueue_call() -> None:
+    from executor.scheduler import WorkerLink
+
+    link = WorkerLink(0, "127.0.0.1:1")
+    a, b = BlockWork(1, 0.0, 0, 20, 64, PROMPT), BlockWork(2, 0.0, 0, 20, 64, PROMPT)
+    order = TransferOrder(TransferKind.RELEASE, 0, 1, 3, 0, peer=1, pages=6)
+    for item in (DropOrder(1), DropOrder(4), a, order, DropOrder(2), b):
+        link.outbox.put(item)
+    assert link.next_batch() == WorkBatch((a,), (order,), (DropOrder(1), DropOrder(4)))
+    assert link.next_batch() == WorkBatch((b,), (), (DropOrder(2),))  # the drop may be about `a`
+    link.outbox.put(None)
+    assert link.next_batch() is None
+    link.channel.close()

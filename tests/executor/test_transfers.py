@@ -136,3 +136,24 @@ def test_events_of_unknown_transfers_change_nothing() -> None:
     assert transfers.on_event(DST, TransferEvent(RECEIVE, 99, 1, True)) == []
     assert transfers.on_event(DST, event(RECEIVE, 2)) == []  # an attempt not ordered yet
     assert (transfers.in_flight, transfers.done) == (1, 0)
+
+
+def test_an_event_of_the_other_end_or_a_third_worker_is_refused() -> None:
+    transfers, req = Transfers(3), request()
+    started(transfers, req)
+    assert transfers.on_event(SRC, event(RECEIVE, 1)) == []  # the source cannot report the receive
+    assert transfers.on_event(2, event(RECEIVE, 1)) == []
+    assert transfers.on_event(DST, event(RELEASE, 1)) == []  # nor the destination the release
+    assert (transfers.in_flight, transfers.done) == (1, 0)
+
+
+def test_a_lost_worker_voids_its_transfers_and_raises_its_pairs_generations() -> None:
+    transfers = Transfers(3)
+    first, second = request(1), request(2)
+    started(transfers, first)
+    started(transfers, second, src=SRC, dst=2)
+    transfers.on_worker_lost(DST, [(SRC, DST)])
+    assert transfers.in_flight == 1 and transfers.on_event(DST, event(RECEIVE, 1)) == []
+    transfers.forget(second.id)
+    assert transfers.in_flight == 0
+    assert transfers.start(20.0, request(3), SRC, DST, work(request(3)), IDS)[0].order.generation == 1

@@ -79,3 +79,55 @@ def test_a_block_received_while_an_iteration_waits_for_the_lock_decodes_after_it
     assert event.kind is TransferKind.RECEIVE and event.ok
     assert job.req.record.decode_start is not None and job.req.record.decode_start >= event.end
     assert report.stats.start >= event.end
+
+
+def engine(pages: int = 16, hand_off: bool = False) -> Engine:
+    model = random_model(tiny(Family.LLADA), dtype=torch.float32, seed=0, std=0.1)
+    pool = PagePool(pages)
+    cache = PagedKVCache.for_model(pool, model.config, dtype=torch.float32, device="cpu")
+    batcher = Batcher(0, BatchConfig(), pool, hand_off=hand_off)
+    return Engine(0, model, batcher, ModelRunner(model, cache, TorchAttention()))
+
+
+def block(rid: int, forwards: int = 3, prompt: int = 20) -> BlockWork:
+    return BlockWork(rid, float(rid), 0, prompt, BLOCK, tuple(range(1, prompt + 1)), forwards)
+
+
+def test_a_drop_frees_a_running_blocks_pages_between_iterations_and_spares_later_calls_work() -> None:
+    e = engine()
+    e.admit(block(7), call=1)
+    e.admit(block(8), call=1)
+    first = e.step()
+    assert first is not None and {p.request_id for p in first.prefilled} == {7, 8}
+    held = e.batcher.pool.num_free
+    assert e.drop(7, before=1) == 0  # the work came with call 1: not that drop's
+    assert e.drop(7, before=2) == 1
+    assert e.batcher.pool.num_free == held + pages_for(20 + BLOCK)
+    second = e.step()
+    assert second is not None and second.decoded == (8,)
+    assert all(j.request_id == 8 for j in e.jobs.values())
+
+
+def test_a_drop_frees_kv_kept_for_a_transfer_and_a_receiving_block_once_its_receive_ends() -> None:
+    source = engine(hand_off=True)
+    source.admit(block(7), call=1)
+    report = source.step()
+    assert report is not None and report.prefilled[0].handoff and source.handed
+    assert source.drop(7, before=2) == 1
+    assert not source.handed and not source.jobs and source.batcher.pool.num_free == 16
+
+    destination = engine()
+    events: list[TransferEvent] = []
+    destination.emit = events.append
+    job = destination._job(block(9), call=1)
+    pages = tuple(destination.batcher.pool.allocate(job.req.id, pages_for(20 + BLOCK)))
+    destination.jobs[job.req.id] = job
+    destination.receiving[3, 1] = job.req.id
+    assert destination.drop(9, before=2) == 1
+    assert destination.batcher.pool.num_free == 16 - len(pages)  # the link thread still writes into them
+    end = time.monotonic()
+    destination.transfer_done(
+        TransferResult(False, TransferJob(3, 1, 9, 0, 0, pages), 1, True, "", end, end, 0)
+    )
+    assert destination.batcher.pool.num_free == 16 and not destination.jobs
+    assert not destination.batcher.has_work and events[0].ok  # the event still goes out (stale there)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import app, live, profile, search, sim, sweep, trace, validate
+from cli import app, fit, live, profile, search, sim, sweep, trace, validate
 
 COMMANDS = {
     "sim": sim,
@@ -18,6 +18,7 @@ COMMANDS = {
     "validate": validate,
     "sweep": sweep,
     "search": search,
+    "fit": fit,
 }
 
 

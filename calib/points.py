@@ -1,0 +1,78 @@
+"""One simulated point on a testbed, and the metrics read from its summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from profiles.store import Profile
+from profiles.testbeds import testbed_config, testbed_cost_model, testbed_options
+from sangam.batcher import Policy
+from sangam.config import RunConfig, RunFiles, synthetic_rows
+from sangam.cost import CostModel
+from sangam.layout import parse_mode
+from sangam.testbed import Testbed
+from sim.points import run_points
+from sim.run import SimResult
+
+MAX_GPUS = 8  # the paper's node
+
+
+@dataclass(frozen=True, slots=True)
+class PointKey:
+    """What names a point of a load curve: layout, policy, model, trace, budget tau and rate."""
+
+    layout: str
+    policy: str
+    model: str
+    trace: str
+    budget: int
+    qps: float
+
+    def config(self, num_requests: int, seed: int) -> RunConfig:
+        workers = parse_mode(self.layout, MAX_GPUS).num_workers
+        return RunConfig(
+            mode=self.layout,
+            gpus=workers,
+            model=self.model,
+            trace=self.trace,
+            budget=self.budget,
+            policy=Policy(self.policy),
+            qps=self.qps,
+            num_requests=num_requests,
+            seed=seed,
+        )
+
+    def label(self) -> str:
+        return f"{self.layout} {self.policy} {self.model} {self.trace} tau={self.budget} qps={self.qps:g}"
+
+
+class PointRunner:
+    """Simulates points on one testbed (its GPU, profile, pages, arrivals, link and control delay),
+    loading each model's profile once."""
+
+    def __init__(self, testbed: Testbed) -> None:
+        self.testbed = testbed
+        self._priced: dict[str, tuple[CostModel, str, Profile | None]] = {}
+
+    def run(self, cfg: RunConfig, progress: str | None = None) -> SimResult:
+        """`cfg` on the testbed with forwards per block `progress` (default: the testbed's for the model
+        and trace). Lengths and arrivals come from `cfg.seed`, so two runs that differ only in `progress`
+        see the same requests, and the same uniforms draw their forwards (common random numbers)."""
+        if cfg.model not in self._priced:
+            self._priced[cfg.model] = testbed_cost_model(self.testbed, cfg.model)
+        cost, name, profile = self._priced[cfg.model]
+        cfg = testbed_config(self.testbed, cfg, profile, {})
+        spec = progress or self.testbed.progress_spec(cfg.model, cfg.trace)
+        options = testbed_options(self.testbed, {})
+        (result,) = run_points([(cfg, synthetic_rows(cfg))], cost, name, options, RunFiles(progress=spec))
+        return result
+
+
+def metric(summary: dict[str, Any], name: str) -> float:
+    """A summary statistic by name: a summary key (`mean_e2el_ms`), or one in seconds (`mean_e2el_s`)."""
+    key = name[: -len("_s")] + "_ms" if name.endswith("_s") else name
+    if key not in summary:
+        raise ValueError(f"unknown metric {name!r}: use a summary.json key, e.g. mean_e2el_ms or p99_e2el_s")
+    value = float(summary[key])
+    return value / 1000 if name.endswith("_s") else value

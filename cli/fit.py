@@ -1,0 +1,78 @@
+"""`sangam fit`: fit a testbed's forwards per block to observed load-curve points (or measure them from
+live runs' blocks) and write it as a new testbed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sangam.config import RunConfig
+from sangam.options import add_options, collect
+
+
+def add_parser(commands: Any, name: str) -> None:
+    from calib.fit import FitOptions
+    from sim.options import SimOptions
+
+    parser = commands.add_parser(
+        name, help="fit a testbed's forwards per block to observed curves (or live blocks); write it"
+    )
+    add_options(parser, FitOptions)
+    add_options(parser, SimOptions, only=("testbed",), default_text={"testbed": "sangam-h100"})
+    add_options(
+        parser, RunConfig, only=("num_requests", "seed"), defaults={"num_requests": 1000},
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from calib.fit import FitOptions, fit_targets, fitted_testbed, measured_testbed
+    from calib.targets import read_targets
+    from profiles.testbeds import TESTBEDS, choose_testbed, write_testbed
+
+    options = collect(FitOptions, args)
+    blocks = [d for d in options.blocks or () if d is not None]  # a `many` option absent: (None,)
+    if (options.targets is None) == (not blocks):
+        raise ValueError("give either --targets CSV or --blocks DIR...")
+    base = choose_testbed(args.testbed, None)
+    name = options.name or (options.out.stem if options.out else f"{base.name}-fit")
+    out = options.out or TESTBEDS / f"{name}.json"
+    if out.stem != name:
+        raise ValueError(f"a testbed's file is named after it: --out {out} for --name {name}")
+    if blocks:
+        testbed = measured_testbed(base, name, blocks)
+        for (model, trace), entry in testbed.progress.items():
+            if entry.spec.startswith("counts:"):
+                print(f"{model} {trace}: {entry.spec}")
+    else:
+        assert options.targets is not None
+        targets = read_targets(options.targets)
+        fits = fit_targets(base, targets, options.free, args.num_requests, args.seed)
+        print_fits(fits)
+        testbed = fitted_testbed(
+            base, name, fits, options.targets, options.free, args.num_requests, args.seed
+        )
+    write_testbed(testbed, out)
+    print(f"wrote testbed {name} to {out}")
+    return 0
+
+
+def print_fits(fits: list[Any]) -> None:
+    from calib.fit import spread
+
+    for fit in fits:
+        std = spread(fit.mean, fit.rho)
+        print(
+            f"{fit.model} {fit.trace}: forwards per block mean {fit.mean:.2f}, std {std:.2f}"
+            f" ({fit.spec}); objective {fit.objective:.4f} after {fit.evaluations} simulations"
+        )
+        print(f"  {'point':58} {'observed':>9} {'fitted':>9} {'ratio':>6} {'held out':>9} {'ratio':>6}")
+        for p in fit.points:
+            held = (
+                f"{p.held_out:9.3f} {p.held_out / p.target.value:6.3f}"
+                if p.held_out is not None
+                else f"{'-':>9} {'-':>6}"
+            )
+            print(
+                f"  {p.target.label():58} {p.target.value:9.3f} {p.simulated:9.3f} "
+                f"{p.simulated / p.target.value:6.3f} {held}"
+            )

@@ -1,0 +1,108 @@
+"""`sangam fit`: recovering a known forwards-per-block model from curves the simulator made, measuring it
+from a live run's blocks, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calib.fit import dispersion, spread
+from calib.points import PointKey, PointRunner, metric
+from cli.main import main
+from profiles.testbeds import load_testbed
+from sangam.progress import parse_progress
+
+TRUTH = "betabinom:14:6"  # the default testbed's LLaDA ShareGPT model has mean 10
+POINTS = (("1C", "fastdllm", 0.2), ("1C", "fastdllm", 0.35), ("1C", "deficit", 1.0))
+REQUESTS, SEED = 150, 3
+
+
+def write_targets(path: Path) -> None:
+    """Mean e2e of three points simulated on sangam-h100 with the TRUTH model."""
+    sim = PointRunner(load_testbed("sangam-h100"))
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["layout", "policy", "model", "trace", "budget", "qps", "metric", "value", "weight"])
+        for layout, policy, qps in POINTS:
+            key = PointKey(layout, policy, "llada-8b", "sharegpt", 1024, qps)
+            value = metric(sim.run(key.config(REQUESTS, SEED), TRUTH).summary, "mean_e2el_s")
+            out.writerow([layout, policy, "llada-8b", "sharegpt", 1024, qps, "mean_e2el_s", value, 1])
+
+
+def test_fit_recovers_the_mean_of_the_model_that_made_the_curves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets, out = tmp_path / "targets.csv", tmp_path / "fitted.json"
+    write_targets(targets)
+    args = ["fit", "--targets", str(targets), "-n", str(REQUESTS), "--seed", str(SEED), "--out", str(out)]
+    assert main([*args, "--name", "other"]) == 2
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "llada-8b sharegpt: forwards per block mean" in printed and "held out" in printed
+    assert printed.count("mean_e2el_s") == len(POINTS)  # a residual row per point
+    testbed = load_testbed(str(out))
+    spec = testbed.progress_spec("llada-8b", "sharegpt")
+    assert parse_progress(spec).mean == pytest.approx(parse_progress(TRUTH).mean, rel=0.10)
+    base = load_testbed("sangam-h100")
+    assert testbed.progress_spec("dream-7b", "arxiv") == base.progress_spec("dream-7b", "arxiv")
+    assert testbed.gpu == base.gpu and testbed.profile_data == base.profile_data
+    assert testbed.fit is not None
+    points = testbed.fit["pairs"]["llada-8b/sharegpt"]["points"]
+    assert len(points) == len(POINTS) and all(p["held_out"] is not None for p in points)
+    assert "fitted by sangam fit" in testbed.progress[("llada-8b", "sharegpt")].source
+
+
+def test_spread_and_dispersion_are_inverses() -> None:
+    for mean, std in ((10.0, 5.0), (3.0, 2.0), (25.0, 4.0)):
+        assert spread(mean, dispersion(mean, std)) == pytest.approx(std)
+
+
+def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "layout,policy,model,trace,budget,qps,metric,value\n1C,deficit,llada-8b,sharegpt,1024,1,x,1\n"
+    )
+    assert main(["fit", "--targets", str(path)]) == 2
+    assert "missing column(s) weight" in capsys.readouterr().err
+    path.write_text(
+        "layout,policy,model,trace,budget,qps,metric,value,weight\n1C,deficit,llada-8b,chat,1024,1,x,1,1\n"
+    )
+    assert main(["fit", "--targets", str(path)]) == 2
+    assert "t.csv, line 2: trace must be one of" in capsys.readouterr().err
+    assert main(["fit"]) == 2
+    assert "either --targets CSV or --blocks DIR" in capsys.readouterr().err
+
+
+def test_fit_blocks_measures_forwards_from_a_live_threshold_run(tmp_path: Path) -> None:
+    trace, run, out = tmp_path / "tiny.csv", tmp_path / "live", tmp_path / "measured.json"
+    trace.write_text("prompt_len,output_len\n16,40\n24,20\n")
+    live = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "live",
+        "--workers",
+        "1",
+        "--mode",
+        "1C",
+        "--unmask",
+        "threshold",
+    ]
+    live += ["--trace", str(trace), "--mask-len", "64", "--qps", "5", "--out", str(run)]
+    subprocess.run(live, check=True, capture_output=True, timeout=120)
+    with (run / "blocks.csv").open() as f:
+        forwards = [int(row["forwards"]) for row in csv.DictReader(f)]
+    assert main(["fit", "--blocks", str(run), "--out", str(out)]) == 0
+    testbed = load_testbed(str(out))
+    model = parse_progress(testbed.progress_spec("llada-8b", "sharegpt"))
+    assert model.mean == pytest.approx(sum(forwards) / len(forwards)) and len(forwards) == 3
+    assert "tiny-llada, random weights, threshold 0.9" in testbed.progress[("llada-8b", "sharegpt")].source
+    summary = json.loads((run / "summary.json").read_text())
+    summary["config"]["unmask"] = "schedule"
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["fit", "--blocks", str(run), "--out", str(out)]) == 2

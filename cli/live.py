@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from executor.live_models import TINY_PAGES
-from executor.live_options import CPU_NUM_REQUESTS, LIVE_NUM_REQUESTS, LiveOptions
+from executor.live_options import CPU_NUM_REQUESTS, LIVE_NUM_REQUESTS, LiveOptions, with_env_api_key
 from sangam.config import RunConfig, RunFiles
 from sangam.options import add_options, collect, listed
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
     from executor.live import plan_run, run_live
 
-    options = collect(LiveOptions, args)
+    options = with_env_api_key(collect(LiveOptions, args), os.environ)
     given = args.num_requests is not None
     # --gpus and --model are LiveOptions' here: plan_run resolves the config's from them
     placeholders = {"gpus": 1, "model": RunConfig().model, "qps": RunConfig().qps}

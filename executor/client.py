@@ -6,8 +6,10 @@
             print(update.status, update.blocks_done, "/", update.n_blocks)
         print(client.poll(rid).token_ids)
 
-Token ids only: the server does no tokenization. Bad input is not an exception: the request ends with
-status ERROR and the reason in `error`. Every call has a deadline; transport failures raise `SangamError`.
+With a server started with `--api-key KEY`, pass `SangamClient(address, api_key=KEY)`: every call then
+carries `authorization: Bearer KEY`. Token ids only: the server does no tokenization. Bad input is not
+an exception: the request ends with status ERROR and the reason in `error`. Every call has a deadline;
+transport failures raise `SangamError`.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ class RequestResult:
 
 
 class SangamClient:
-    def __init__(self, address: str, *, timeout: float = rpc.CALL_TIMEOUT_S) -> None:
+    """A connection to one scheduler's client port; `api_key` is presented on every call."""
+
+    def __init__(
+        self, address: str, *, api_key: str | None = None, timeout: float = rpc.CALL_TIMEOUT_S
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = rpc.channel(address)
+        self._channel = rpc.channel(address, api_key)
         self._stub = pb_grpc.SchedulerStub(self._channel)
 
     def __enter__(self) -> SangamClient:

@@ -2,7 +2,8 @@
 scheduler and the workers, watches them and stops them in order (a Shutdown call, SIGTERM to each process
 group, SIGKILL after a timeout). Each child runs in its own session, so a terminal's Ctrl-C reaches only the
 launcher, and exits by itself if the launcher disappears; its stderr goes to a log directory kept when
-something failed.
+something failed. The launcher makes the run's secret (`executor.auth`) and hands it to each child in its
+stdin spec, never on the command line or in the environment.
 
 Imports only the standard library and `sangam` at import time; the client loads lazily.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -78,6 +80,7 @@ class ClusterSpec:
     transfer_attempts: int = 3
     dist_timeout: float = 120.0
     fault_stall_recv: int | None = None  # tests: every worker stalls this request's KV receives
+    api_key: str | None = field(default=None, repr=False)  # required on the client port when set
 
     @property
     def stop_at_eos(self) -> bool:
@@ -154,6 +157,7 @@ class LocalCluster:
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="sangam-live-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
+        self.secret = secrets.token_hex(32)  # the run's secret: between scheduler and workers
         self.address = ""
         self.client: SangamClient | None = None
         self._stopping = False
@@ -182,7 +186,8 @@ class LocalCluster:
             workers=len(spec.workers), mode=spec.mode, mask_len=spec.mask_len, theta=spec.theta,
             policy=spec.policy,
             transfer_attempts=spec.transfer_attempts, seed=spec.seed, stop_at_eos=spec.stop_at_eos,
-            host=spec.host, port=spec.port, ready_file=str(ready_file),
+            host=spec.host, port=spec.port, ready_file=str(ready_file), secret=self.secret,
+            api_key=spec.api_key,
             iteration_log=str(spec.iteration_log) if spec.iteration_log is not None else None,
         )  # fmt: skip
         dist_port = free_port() if layout.kind is not Kind.COLOCATED else 0
@@ -200,12 +205,14 @@ class LocalCluster:
                 device=worker.device, pages=spec.pages, policy=spec.policy, budget=spec.budget,
                 prefill_budget=spec.prefill_budget, mode=spec.mode, num_workers=len(spec.workers),
                 max_decodes=spec.max_decodes, seed=spec.seed, threads=spec.threads,
-                cuda_graphs=spec.cuda_graphs, kv_transport=spec.transport, dist_port=dist_port,
+                cuda_graphs=spec.cuda_graphs, secret=self.secret, kv_transport=spec.transport,
+                dist_port=dist_port,
                 transfer_timeout=spec.transfer_timeout, dist_timeout=spec.dist_timeout,
                 fault_stall_recv=spec.fault_stall_recv,
             )  # fmt: skip
             self._spawn(f"worker {index}", "executor.worker", launch, worker.env)
-        self.client = SangamClient(self.address)
+        # the api key opens every client call; without one, the secret opens the client port's Shutdown
+        self.client = SangamClient(self.address, api_key=spec.api_key or self.secret)
         while True:
             self.check()
             try:

@@ -167,6 +167,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         transfer_timeout=args.transfer_timeout,
         transfer_attempts=args.transfer_attempts,
         dist_timeout=args.dist_timeout,
+        api_key=args.api_key,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")
     return LivePlan(
@@ -446,7 +447,8 @@ def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
     with _running(plan, args) as (cluster, status):
         assert cluster.client is not None
         print(
-            f"sangam live: serving {plan.model} on {cluster.address} with {len(plan.devices)} workers "
+            f"sangam live: serving {plan.model} on {cluster.address}"
+            f"{' (api key required)' if plan.cluster.api_key else ''} with {len(plan.devices)} workers "
             f"(mask buffer {status.mask_len}, {status.pages} KV pages each; logs in {cluster.log_dir}); "
             "Ctrl-C to stop",
             flush=True,

@@ -6,7 +6,8 @@ Imports only the standard library and `sangam`, so the command line is built wit
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.live_models import LIVE_MODELS
@@ -17,6 +18,7 @@ KV_TRANSPORTS = ("gloo", "nccl")  # executor.kv_transfer.TRANSPORTS, without imp
 SERVE_PORT = 50051
 LIVE_NUM_REQUESTS = 100
 CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: about 20 s on 2 cores
+API_KEY_ENV = "SANGAM_API_KEY"  # the api key when --api-key is absent (as vLLM's VLLM_API_KEY)
 
 
 def threshold(text: str) -> float:
@@ -67,6 +69,11 @@ class LiveOptions:
     serve: bool = option(
         False, "serve external clients (executor/client.py) until Ctrl-C instead of a replay"
     )
+    api_key: str | None = option(
+        None, "every call on the client port needs metadata 'authorization: Bearer KEY' "
+        "(SangamClient(..., api_key=KEY)); grpc.health.v1 stays open for probes", metavar="KEY",
+        default_text=f"${API_KEY_ENV} if set, else none: the client port is open",
+    )  # fmt: skip
     log_dir: Path | None = option(
         None, "process logs", parse=Path, metavar="DIR", default_text="a temporary directory, kept on failure"
     )
@@ -90,3 +97,13 @@ class LiveOptions:
     )  # fmt: skip
     threshold: float = option(0.9, "confidence threshold of --unmask threshold", parse=threshold)
     temperature: float = option(0.0, "sampling temperature (0: greedy)", parse=non_negative_float)
+
+
+def with_env_api_key(options: LiveOptions, environ: Mapping[str, str]) -> LiveOptions:
+    """`options` with the api key of `environ` (`SANGAM_API_KEY`) when `--api-key` was not given;
+    ValueError for an empty `--api-key`."""
+    if options.api_key is not None:
+        if not options.api_key:
+            raise ValueError("--api-key must not be empty")
+        return options
+    return replace(options, api_key=environ.get(API_KEY_ENV) or None)

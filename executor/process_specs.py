@@ -1,7 +1,8 @@
 """What the launcher hands each child process: one typed spec, serialized as JSON on the child's stdin.
 
 The children (`python -m executor.scheduler`, `python -m executor.worker`) take no options of their own:
-the launcher resolves every value from the run's config and writes the spec to an inherited pipe.
+the launcher resolves every value from the run's config and writes the spec to an inherited pipe. The
+run's secret and the api key travel only this way: never on a command line or in the environment.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class SchedulerLaunch:
     host: str  # client-facing address
     port: int
     ready_file: str  # the bound addresses are written here (JSON) once listening
+    secret: str  # the run's secret (executor.auth): required between scheduler and workers
+    api_key: str | None = None  # required on the client port when set
     iteration_log: str | None = None
     restart_workers: bool = False  # lost workers come back: a layout unable to serve waits for them
     worker_timeout: float = 30.0  # a worker holding work that has not reported for this long is lost
@@ -52,6 +55,7 @@ class WorkerLaunch:
     seed: int  # random weights, identical on every worker
     threads: int  # torch CPU threads
     cuda_graphs: bool
+    secret: str  # the run's secret (executor.auth): presented to the scheduler, required by this worker
     kv_transport: str = "gloo"
     dist_port: int = 0  # KV rendezvous store port (worker 0 hosts it)
     dist_host: str = "127.0.0.1"

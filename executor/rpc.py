@@ -1,6 +1,9 @@
 """gRPC plumbing shared by the scheduler, the workers, the client and the launcher.
 
 Every RPC made here carries a deadline; servers bind fail-fast (no port reuse) and cap message sizes.
+A channel may present a bearer token on every call (`executor.auth`). Every server answers undecodable
+request bytes with INVALID_ARGUMENT (`Undecodable`) instead of gRPC's INTERNAL and logged traceback, and
+may bound its open server streams (`StreamLimit`), so that parked streams cannot take every thread.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
+from typing import Any, NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from executor.auth import metadata
 
 MAX_MESSAGE_BYTES = 64 << 20
 CALL_TIMEOUT_S = 10.0  # default deadline of a unary control-plane call
@@ -26,18 +33,146 @@ _OPTIONS = [
 ]
 
 
-def channel(address: str) -> grpc.Channel:
-    """An insecure channel to `address` (host:port) with Sangam's message limits."""
-    return grpc.insecure_channel(address, options=_OPTIONS)
+def channel(address: str, token: str | None = None) -> grpc.Channel:
+    """An insecure channel to `address` (host:port) with Sangam's message limits; with a `token`, every
+    call on it presents `authorization: Bearer token`."""
+    raw = grpc.insecure_channel(address, options=_OPTIONS)
+    return raw if token is None else grpc.intercept_channel(raw, _Credential(metadata(token)))
 
 
-def server(threads: int, max_concurrent_rpcs: int | None = None) -> grpc.Server:
-    """A thread-pool server; `so_reuseport` off so that binding a taken port fails at once."""
+class _CallDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Sequence[tuple[str, str]] | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+class _Credential(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds fixed metadata (the bearer token) to every call of a channel."""
+
+    def __init__(self, extra: Sequence[tuple[str, str]]) -> None:
+        self.extra = tuple(extra)
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        d: Any = details
+        given = tuple(d.metadata or ())
+        return _CallDetails(
+            d.method, d.timeout, (*given, *self.extra), d.credentials, d.wait_for_ready, d.compression
+        )
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+
+def server(
+    threads: int,
+    max_concurrent_rpcs: int | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+) -> grpc.Server:
+    """A thread-pool server; `so_reuseport` off so that binding a taken port fails at once. The
+    `interceptors` see each call first (an `executor.auth.Guard`, a `StreamLimit`), then undecodable
+    requests are answered INVALID_ARGUMENT."""
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
+        interceptors=[*interceptors, Undecodable()],
         options=[*_OPTIONS, ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
+
+
+_UNDECODABLE = object()  # what a request that failed to decode is replaced with
+
+
+class Undecodable(grpc.ServerInterceptor):
+    """Answers a request whose bytes do not decode with INVALID_ARGUMENT (one line in the log), instead
+    of gRPC's default: INTERNAL and a traceback in the server's log."""
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        decode = handler.request_deserializer
+        method = handler_call_details.method
+
+        def request(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except Exception:  # protobuf's DecodeError, or anything else a bad payload raises
+                return _UNDECODABLE
+
+        def checked(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Any:
+            def call(message: Any, context: grpc.ServicerContext) -> Any:
+                if message is _UNDECODABLE:
+                    logging.getLogger("sangam.rpc").warning(
+                        "undecodable %s request from %s", method, context.peer()
+                    )
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not decode")
+                return behavior(message, context)
+
+            return call
+
+        serialize = handler.response_serializer
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(checked(handler.unary_stream), request, serialize)
+        return grpc.unary_unary_rpc_method_handler(checked(handler.unary_unary), request, serialize)
+
+
+class StreamLimit(grpc.ServerInterceptor):
+    """Bounds the server streams open at once, in all and per peer (one client connection): a stream
+    beyond either bound ends at once with RESOURCE_EXHAUSTED, so that a thread-pool server sized above
+    `total` always has threads left for its unary calls."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total = total
+        self.per_peer = per_peer
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or not handler.response_streaming or handler.request_streaming:
+            return handler
+        behavior = handler.unary_stream
+
+        def limited(message: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            peer = context.peer()
+            refusal = self._enter(peer)
+            if refusal is not None:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            try:
+                yield from behavior(message, context)
+            finally:
+                self._leave(peer)
+
+        return grpc.unary_stream_rpc_method_handler(
+            limited, handler.request_deserializer, handler.response_serializer
+        )
+
+    def _enter(self, peer: str) -> str | None:
+        with self._lock:
+            in_all = sum(self._open.values())
+            if in_all >= self.total:
+                return f"too many open streams ({in_all}); poll instead, or retry later"
+            if self._open[peer] >= self.per_peer:
+                return f"too many open streams from one connection ({self.per_peer}); poll instead"
+            self._open[peer] += 1
+        return None
+
+    def _leave(self, peer: str) -> None:
+        with self._lock:
+            self._open[peer] -= 1
+            if self._open[peer] <= 0:
+                del self._open[peer]
+
+    @property
+    def open(self) -> int:
+        with self._lock:
+            return sum(self._open.values())
 
 
 def bind(srv: grpc.Server, host: str, port: int) -> str:

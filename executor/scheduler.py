@@ -18,6 +18,11 @@ router then recovers its requests (`SchedulerState.on_worker_lost`) and the run 
 refused from then on (FAILED_PRECONDITION: the worker stops) until a new process registers for it. Only
 a layout left unable to serve, with no restart coming, fails the cluster: every unfinished request gets
 status ERROR with the reason and further submits are refused.
+
+Calls are checked by `executor.auth`: the control port and the workers need the run's secret, the client
+port the api key when one is set (and its Shutdown the secret or the key). The client port bounds its
+open streams (`rpc.StreamLimit`) below its thread count, so Submit, Status and health always find a
+thread.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 import grpc
 
-from executor import codec, rpc
+from executor import auth, codec, rpc
 from executor.iteration_log import IterationLog
 from executor.messages import BlockWork, DropOrder, RequestState, TransferOrder, WorkBatch
 from executor.process_specs import SchedulerLaunch, read_spec
@@ -54,7 +59,9 @@ HEALTH_INTERVAL_S = 1.0
 HEALTH_FAILURES = 2  # consecutive failed checks that declare a worker lost
 WORKER_TIMEOUT_S = 30.0  # a worker holding work that has not reported for this long is lost
 CLIENT_THREADS = 256  # a parked Stream holds one
-CLIENT_MAX_RPCS = 240  # beyond this, calls fail fast with RESOURCE_EXHAUSTED instead of queueing
+CLIENT_STREAMS = 192  # open Streams at most: CLIENT_THREADS - CLIENT_STREAMS threads stay for unary calls
+CLIENT_STREAMS_PER_PEER = 128  # from one client connection
+CLIENT_MAX_RPCS = 1024  # beyond this, calls fail fast with RESOURCE_EXHAUSTED instead of queueing
 
 log = logging.getLogger("sangam.scheduler")
 
@@ -65,10 +72,10 @@ Work = BlockWork | TransferOrder | DropOrder
 class WorkerLink:
     """The scheduler's channel to one process of a worker and the thread that carries work to it."""
 
-    def __init__(self, worker_id: int, address: str, incarnation: int = 0) -> None:
+    def __init__(self, worker_id: int, address: str, secret: str, incarnation: int = 0) -> None:
         self.worker_id = worker_id
         self.incarnation = incarnation
-        self.channel = rpc.channel(address)
+        self.channel = rpc.channel(address, secret)
         self.stub = pb_grpc.WorkerStub(self.channel)
         self.outbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._next: Work | None = None  # a drop that must open the next batch
@@ -117,7 +124,9 @@ class SchedulerCore:
         transfer_attempts: int = TRANSFER_ATTEMPTS,
         restarts: bool = False,
         worker_timeout: float = WORKER_TIMEOUT_S,
+        secret: str,
     ) -> None:
+        self.secret = secret  # presented on every call to a worker
         self.links: dict[int, WorkerLink] = {}
         self.worker_timeout = worker_timeout
         self.state = SchedulerState(
@@ -195,7 +204,7 @@ class SchedulerCore:
             old = self.links.get(reg.worker_id)
             if answer.error is not None or (old is not None and old.incarnation == answer.incarnation):
                 return codec.register_reply(answer)
-            link = WorkerLink(reg.worker_id, reg.address, answer.incarnation)
+            link = WorkerLink(reg.worker_id, reg.address, self.secret, answer.incarnation)
             self.links[reg.worker_id] = link
             self._thread(self._send_loop, f"enqueue-{reg.worker_id}", link)
             complete = self.state.complete
@@ -378,14 +387,24 @@ class ControlServicer(pb_grpc.ControlServicer):
 
 
 class SchedulerServer:
-    """The scheduler's two gRPC servers around one `SchedulerCore`."""
+    """The scheduler's two gRPC servers around one `SchedulerCore`; `api_key` (None: an open client port)
+    and the core's secret guard them."""
 
     def __init__(
-        self, core: SchedulerCore, host: str = "127.0.0.1", port: int = 0, control_port: int = 0
+        self,
+        core: SchedulerCore,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        control_port: int = 0,
+        *,
+        api_key: str | None = None,
     ) -> None:
         self.core = core
-        self.client_server = rpc.server(CLIENT_THREADS, CLIENT_MAX_RPCS)
-        self.control_server = rpc.server(8)
+        client_guard = auth.Guard(auth.client_port_rules(api_key, core.secret), "scheduler client port")
+        streams = rpc.StreamLimit(CLIENT_STREAMS, CLIENT_STREAMS_PER_PEER)
+        self.client_server = rpc.server(CLIENT_THREADS, CLIENT_MAX_RPCS, (client_guard, streams))
+        control_guard = auth.Guard(auth.internal_rules("Control", core.secret), "scheduler control port")
+        self.control_server = rpc.server(8, interceptors=(control_guard,))
         pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(core, self.stop), self.client_server)
         pb_grpc.add_ControlServicer_to_server(ControlServicer(core), self.control_server)
         self.health = rpc.add_health(self.client_server)
@@ -430,8 +449,9 @@ def main() -> int:
             transfer_attempts=args.transfer_attempts,
             restarts=args.restart_workers,
             worker_timeout=args.worker_timeout,
+            secret=args.secret,
         )
-        server = SchedulerServer(core, args.host, args.port, args.control_port)
+        server = SchedulerServer(core, args.host, args.port, args.control_port, api_key=args.api_key)
     except (ValueError, OSError) as err:
         print(f"scheduler: error: {err}", file=sys.stderr, flush=True)
         return 2

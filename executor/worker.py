@@ -5,7 +5,8 @@
 Threads:
 - gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) validate and push blocks and drops onto a
   thread-safe inbox (a drop applies to the work of earlier calls); transfer orders they start at once
-  (under `Engine.lock`);
+  (under `Engine.lock`); `Enqueue` and `Shutdown` need the run's secret (`executor.auth`), which the
+  worker also presents on every call to the scheduler;
 - the loop thread (the main thread) drives the Engine: drain inbox -> admit -> `Engine.step` -> hand the
   iteration's report to the outbox. It never waits on the scheduler or the network; the Batcher and its
   pool change only under `Engine.lock`, which the forward does not hold;
@@ -39,7 +40,7 @@ from functools import partial
 import grpc
 import torch
 
-from executor import codec, rpc
+from executor import auth, codec, rpc
 from executor.engine import Engine, build_model, build_runner, check_work
 from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import KVTransfers, LinkConfig, TransferResult, open_store
@@ -350,11 +351,12 @@ def main() -> int:
         if transfers is not None:  # staging for the longest sequence a request may have (4096 + 1024)
             transfers.attach(cache.layers, reserve_pages=min(pool.num_free, pages_for(STAGED_TOKENS)))
         engine = Engine(args.worker_id, model, batcher, runner, transfers=transfers)
-        control = pb_grpc.ControlStub(rpc.channel(args.scheduler))
+        control = pb_grpc.ControlStub(rpc.channel(args.scheduler, args.secret))
         process = WorkerProcess(args.worker_id, engine, control)
         if transfers is not None:
             transfers.set_on_result(process.on_transfer)
-        srv = rpc.server(threads=4)
+        guard = auth.Guard(auth.internal_rules("Worker", args.secret), f"worker {args.worker_id}")
+        srv = rpc.server(threads=4, interceptors=(guard,))
         pb_grpc.add_WorkerServicer_to_server(WorkerServicer(process), srv)
         health = rpc.add_health(srv)
         address = rpc.bind(srv, args.host, args.port)

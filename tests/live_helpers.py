@@ -91,3 +91,42 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def _tcp_sockets(pid: int) -> list[tuple[int, int, str]]:
+    """(local port, remote port, state) of each TCP socket of process `pid`."""
+    inodes = _socket_inodes(pid)
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes:
+                local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                out.append((local, remote, fields[3]))
+    return out
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on."""
+    return {local for local, _, state in _tcp_sockets(pid) if state == "0A"}
+
+
+def connected_ports(pid: int) -> set[int]:
+    """Remote ports of the established TCP connections of process `pid`."""
+    return {remote for _, remote, state in _tcp_sockets(pid) if state == "01"}

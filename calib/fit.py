@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calib.points import PointRunner, metric
+from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
 from sangam.hardware import BLOCK
 from sangam.options import option
@@ -34,7 +34,7 @@ from sangam.workload import MASK_LEN
 TRIALS = BLOCK - 1  # a block's forwards are 1 + BetaBinomial(31, a, b)
 MEAN_BOUNDS = (1.5, 30.0)
 DISPERSION_BOUNDS = (0.005, 0.9)  # rho = 1 / (a + b + 1): 0 is binomial, 1 all-or-nothing
-FREE = ("mean", "mean,std")
+FREE = ("mean", "mean+std")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +45,13 @@ class FitOptions:
         None, "observed points, CSV: layout, policy, model, trace, budget, qps, metric, value, weight "
         "[, quote]", parse=Path, metavar="CSV",
     )  # fmt: skip
-    blocks: tuple[Path, ...] | None = option(
-        None, "instead: live run directories whose blocks.csv give forwards per block (empirical)",
-        parse=lambda text: [Path(text)], many=True, metavar="DIR",
+    blocks: tuple[Path, ...] = option(
+        (), "instead: live run directories whose blocks.csv give forwards per block (empirical)",
+        parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
-    free: str = option("mean", "free parameters per model and trace: mean, or mean,std", choices=FREE)
+    free: str = option(
+        "mean", "free parameters per model and trace: the mean, or mean and spread", choices=FREE
+    )
     name: str | None = option(None, "the new testbed's name", default_text="the base testbed's name + '-fit'")
     out: Path | None = option(
         None, "the new testbed's file", parse=Path, metavar="FILE",
@@ -107,19 +109,18 @@ class Objective:
 
     def __init__(self, sim: PointRunner, targets: Sequence[Target], num_requests: int, seed: int) -> None:
         self.sim, self.targets, self.num_requests, self.seed = sim, list(targets), num_requests, seed
-        self._seen: dict[tuple[int, str], float] = {}
+        self._seen: dict[tuple[PointKey, str], dict[str, Any]] = {}  # summaries by point and spec
 
     @property
     def evaluations(self) -> int:
         return len(self._seen)
 
     def simulated(self, index: int, spec: str) -> float:
-        key = (index, spec)
+        target = self.targets[index]
+        key = (target.key, spec)
         if key not in self._seen:
-            target = self.targets[index]
-            cfg = target.key.config(self.num_requests, self.seed)
-            self._seen[key] = metric(self.sim.run(cfg, spec).summary, target.metric)
-        return self._seen[key]
+            self._seen[key] = self.sim.run(target.key.config(self.num_requests, self.seed), spec).summary
+        return metric(self._seen[key], target.metric)
 
     def loss(self, spec: str, indices: Sequence[int]) -> float:
         """Weighted mean squared log ratio of simulated to observed over `indices`."""

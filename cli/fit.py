@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from profiles.testbeds import TESTBEDS, choose_testbed, write_testbed
 
     options = collect(FitOptions, args)
-    blocks = [d for d in options.blocks or () if d is not None]  # a `many` option absent: (None,)
+    blocks = list(options.blocks)
     if (options.targets is None) == (not blocks):
         raise ValueError("give either --targets CSV or --blocks DIR...")
     base = choose_testbed(args.testbed, None)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import app, fit, live, profile, search, sim, sweep, trace, validate
+from cli import app, fit, live, profile, reproduce, search, sim, sweep, trace, validate
 
 COMMANDS = {
     "sim": sim,
@@ -19,6 +19,7 @@ COMMANDS = {
     "sweep": sweep,
     "search": search,
     "fit": fit,
+    "reproduce": reproduce,
 }
 
 

@@ -67,7 +67,7 @@ def choose_testbed(name: str | None, gpu: str | None, root: Path = TESTBEDS) -> 
 
 def testbed_profile(testbed: Testbed, model: str, data: Path = DATA) -> Profile | None:
     """The iteration-time profile of `model` on the testbed (None: it has no data for the model)."""
-    return load_profile_dir(model, testbed.profile_data, testbed.gpu, data)
+    return load_profile_dir(model, testbed.profile_dir(model), testbed.gpu, data)
 
 
 def testbed_cost_model(
@@ -76,19 +76,16 @@ def testbed_cost_model(
     """What prices `model`'s iterations on the testbed, its name for summary.json, and the profile:
     the testbed's profile (else, or with `cost` 'analytic', the analytic model of its GPU)."""
     profile = testbed_profile(testbed, model, data) if cost == "profile" else None
-    if profile is None and cost == "profile" and (data / testbed.profile_data).is_dir():
-        raise ValueError(
-            f"testbed {testbed.name}: no profile of {model} in profiles/data/{testbed.profile_data}"
-        )
+    directory = testbed.profile_dir(model)
+    if profile is None and cost == "profile" and (data / directory).is_dir():
+        raise ValueError(f"testbed {testbed.name}: no profile of {model} in profiles/data/{directory}")
     if profile is None and cost == "profile":
-        raise ValueError(
-            f"testbed {testbed.name}: its profiles (profiles/data/{testbed.profile_data}) are not there yet"
-        )
+        raise ValueError(f"testbed {testbed.name}: its profiles (profiles/data/{directory}) are missing")
     if profile is None:
         return AnalyticCostModel(lookup_model(model), lookup_gpu(testbed.gpu)), "analytic", None
     source = f"derived from {profile.derived_from}" if profile.derived_from else "measured"
-    if testbed.profile_data not in (profile.gpu, profile.derived_from):  # data of another executor
-        source = f"{testbed.profile_data} profile, {source}"
+    if directory not in (profile.gpu, profile.derived_from):  # data of another executor
+        source = f"{directory} profile, {source}"
     return profile.cost_model(), source, profile
 
 

@@ -10,7 +10,7 @@ checks their content.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sangam.hardware import lookup_gpu, lookup_model
@@ -33,6 +33,14 @@ class ProgressEntry:
     """Forwards per block of one (model, trace): a `sangam.progress.parse_progress` spec."""
 
     spec: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileEntry:
+    """Where one model's iteration times come from, when not from the testbed's profile directory."""
+
+    data: str
     source: str
 
 
@@ -78,6 +86,12 @@ class Testbed:
     arrival: ArrivalEntry
     kv_pages: PagesEntry
     fit: Mapping[str, Any] | None = None  # what `sangam fit` recorded, for fitted testbeds
+    profile_models: Mapping[str, ProfileEntry] = field(default_factory=dict)  # a model's other data
+
+    def profile_dir(self, model: str) -> str:
+        """The directory under profiles/data of `model`'s measured iteration times."""
+        entry = self.profile_models.get(model)
+        return entry.data if entry is not None else self.profile_data
 
     def progress_spec(self, model: str, trace: str) -> str:
         """The forwards-per-block spec for `model` on `trace` (trace files: ShareGPT's)."""
@@ -175,6 +189,16 @@ def parse_testbed(data: Any, name: str) -> Testbed:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{where}.kv_pages.{model}: must be a positive whole number")
     fit = data.get("fit")
+    models = profile.get("models", {})
+    if not isinstance(models, Mapping):
+        raise ValueError(f"{where}.profile: 'models' must map models to their own 'data' and 'source'")
+    overrides = {}
+    for model, entry in models.items():
+        lookup_model(model)
+        at = f"{where}.profile.models.{model}"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{at}: must be an object with 'data' and 'source'")
+        overrides[model] = ProfileEntry(_text(entry, "data", at), _text(entry, "source", at))
     return Testbed(
         name=name,
         version=version,
@@ -188,6 +212,7 @@ def parse_testbed(data: Any, name: str) -> Testbed:
         arrival=ArrivalEntry(_text(arrival, "source", f"{where}.arrival"), clip),
         kv_pages=PagesEntry(_text(pages, "source", f"{where}.kv_pages"), values),
         fit=fit if isinstance(fit, Mapping) else None,
+        profile_models=overrides,
     )
 
 
@@ -213,6 +238,10 @@ def testbed_dict(testbed: Testbed) -> dict[str, Any]:
         "control_ms": {"value": testbed.control_ms.value, "source": testbed.control_ms.source},
         "arrival": {"clip": testbed.arrival.clip, "source": testbed.arrival.source},
     }
+    if testbed.profile_models:
+        out["profile"]["models"] = {
+            m: {"data": e.data, "source": e.source} for m, e in testbed.profile_models.items()
+        }
     if testbed.fit is not None:
         out["fit"] = dict(testbed.fit)
     return out

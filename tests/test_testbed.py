@@ -18,7 +18,7 @@ from profiles.store import DATA
 from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
 from sangam.config import CONTROL_MS, RunConfig
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
-from sangam.testbed import LinkEntry, Sourced, parse_testbed
+from sangam.testbed import LinkEntry, ProfileEntry, Sourced, parse_testbed
 from sangam.testbed import testbed_dict as as_dict
 from sangam.workload import TraceRow, with_arrivals
 from sim.options import SimOptions
@@ -119,7 +119,7 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
     assert (tb.testbed_options(other, {}).link, tb.testbed_options(other, {}).control_ms) == ("cpu-gloo", 7.0)
     given_link = tb.testbed_options(other, {"link_gbps": 5.0})
     assert (given_link.link, given_link.link_gbps, given_link.link_latency_ms) == (None, 5.0, 1.0)
-    with pytest.raises(ValueError, match="not there yet"):
+    with pytest.raises(ValueError, match="are missing"):
         tb.testbed_cost_model(h100, "llada-8b", data=tmp_path / "empty")
 
 
@@ -155,3 +155,19 @@ def test_counts_spec_round_trips_observed_forwards() -> None:
     assert model.mean == pytest.approx(sum(samples) / len(samples))
     with pytest.raises(ValueError, match="bad progress model"):
         parse_progress("counts:3")
+
+
+def test_the_reference_testbeds_price_llada_with_its_measured_profile_and_have_no_dream() -> None:
+    h100 = load_testbed("reference-h100")
+    _, name, profile = tb.testbed_cost_model(h100, "llada-8b")
+    assert profile is not None and name == "h200-reference profile, derived from h200"
+    assert profile.meta["peer"] == "UT-InfraAI/sangam"
+    with pytest.raises(ValueError, match="no profile of dream-7b in profiles/data/h200-reference"):
+        tb.testbed_cost_model(h100, "dream-7b")
+    stand_in = dataclasses.replace(h100, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
+    _, dream_name, dream = tb.testbed_cost_model(stand_in, "dream-7b")
+    assert dream is not None and dream_name == "derived from h200" and dream.model == "dream-7b"
+    assert load_testbed("reference-h100").profile_models == {}
+    raw = as_dict(stand_in)
+    assert raw["profile"]["models"] == {"dream-7b": {"data": "h200", "source": "a test"}}
+    assert parse_testbed(raw, "reference-h100") == stand_in

@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import app, fit, live, profile, reproduce, search, sim, sweep, trace, validate
+from cli import app, fit, live, profile, reproduce, search, serve, sim, sweep, trace, validate
 
 COMMANDS = {
     "sim": sim,
     "live": live,
+    "serve": serve,
     "trace": trace,
     "app": app,
     "profile": profile,

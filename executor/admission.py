@@ -19,6 +19,11 @@ def check_submission(sub: Submission, facts: ModelFacts, mask_len: int) -> str |
         return f"gen length {gen_len} is not a positive multiple of {BLOCK}"
     if gen_len > mask_len:
         return f"gen length {gen_len} exceeds the mask buffer of {mask_len} tokens"
+    if len(prompt) + mask_len > facts.context_len:
+        return (
+            f"prompt too long for the model's context window: {len(prompt)} prompt tokens plus a "
+            f"{mask_len}-token mask buffer exceed {facts.context_len} tokens"
+        )
     pages = pages_for(len(prompt) + mask_len)
     if pages > facts.pages:
         return (

@@ -15,14 +15,17 @@ transport failures raise `SangamError`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import grpc
+import grpc.aio
 
-from executor import rpc
+from executor import codec, rpc
+from executor.auth import metadata
+from executor.messages import ClusterStatus, Submission
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 
@@ -30,7 +33,12 @@ STREAM_TIMEOUT_S = 3600.0
 
 
 class SangamError(RuntimeError):
-    """A call to the scheduler failed (unreachable, refused, deadline exceeded)."""
+    """A call to the scheduler failed (unreachable, refused, deadline exceeded); `code` is the gRPC
+    status name where the async client knows it (UNAVAILABLE, RESOURCE_EXHAUSTED, ...)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,11 @@ class RequestResult:
     arrival: float
     end: float | None
     forwards: tuple[int, ...]  # forwards each finished block took
+    queue_s: float = 0.0  # once DONE: latency parts summed over the blocks (executor.messages.RequestState)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    transfer_s: tuple[float, ...] = ()
+    overflow_blocks: int = 0
 
     @property
     def finished(self) -> bool:
@@ -65,6 +78,11 @@ class RequestResult:
             arrival=state.arrival,
             end=state.end or None,
             forwards=tuple(state.forwards),
+            queue_s=state.queue_s,
+            prefill_s=state.prefill_s,
+            decode_s=state.decode_s,
+            transfer_s=tuple(state.transfer_s),
+            overflow_blocks=state.overflow_blocks,
         )
 
 
@@ -194,6 +212,10 @@ class SangamClient:
                     )
             time.sleep(0.05)
 
+    def cancel(self, request_id: int) -> RequestResult:
+        """End a queued or running request (its worker drops it); its state after the call."""
+        return RequestResult.of(self._call("Cancel", self._stub.Cancel, pb.RequestRef(request_id=request_id)))
+
     def shutdown(self) -> None:
         """Ask the scheduler to stop every worker and itself."""
         self._call("Shutdown", self._stub.Shutdown, pb.ShutdownRequest())
@@ -205,3 +227,69 @@ class SangamClient:
             return method(message, timeout=timeout or self.timeout)
         except grpc.RpcError as err:
             raise SangamError(f"{self.address}: {label}: {rpc.describe(err)}") from None
+
+
+class AsyncSangamClient:
+    """The calls an asyncio server makes (`serve.backend`), over a `grpc.aio` channel: no thread is
+    parked per request. Transport failures raise `SangamError`, whose `code` is the gRPC status name."""
+
+    def __init__(
+        self, address: str, *, api_key: str | None = None, timeout: float = rpc.CALL_TIMEOUT_S
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = metadata(api_key)  # on every call
+        self._channel = grpc.aio.insecure_channel(address, options=rpc.CHANNEL_OPTIONS)
+        self._stub = pb_grpc.SchedulerStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def submit(self, submission: Submission) -> RequestResult:
+        """Queue a request: its first state (status ERROR and the reason for bad input)."""
+        message = pb.SubmitRequest(
+            prompt_token_ids=list(submission.prompt),
+            gen_len=submission.gen_len,
+            sampling=codec.sampling_to_pb(submission.sampling),
+            forwards=list(submission.forwards),
+        )
+        reply = await self._call("Submit", self._stub.Submit(message, **self._options()))
+        status = pb.RequestStatus.Name(reply.status)
+        return RequestResult(reply.request_id, status, reply.error, (), 0, 0, False, 0.0, None, ())
+
+    async def stream(self, request_id: int) -> AsyncIterator[RequestResult]:
+        """The current state, then one update per finished block, ending with DONE or ERROR."""
+        call = self._stub.Stream(
+            pb.RequestRef(request_id=request_id), timeout=STREAM_TIMEOUT_S, metadata=self._metadata
+        )
+        try:
+            async for state in call:
+                yield RequestResult.of(state)
+        except grpc.RpcError as err:
+            raise SangamError(f"{self.address}: Stream: {rpc.describe(err)}", _code(err)) from None
+        finally:
+            call.cancel()
+
+    async def cancel(self, request_id: int) -> RequestResult:
+        state = await self._call(
+            "Cancel", self._stub.Cancel(pb.RequestRef(request_id=request_id), **self._options())
+        )
+        return RequestResult.of(state)
+
+    async def status(self) -> ClusterStatus:
+        reply = await self._call("Status", self._stub.Status(pb.StatusRequest(), **self._options()))
+        return codec.status_from_pb(reply)
+
+    def _options(self) -> dict[str, Any]:
+        return {"timeout": self.timeout, "metadata": self._metadata}
+
+    async def _call(self, label: str, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except grpc.RpcError as err:
+            raise SangamError(f"{self.address}: {label}: {rpc.describe(err)}", _code(err)) from None
+
+
+def _code(err: grpc.RpcError) -> str:
+    code = getattr(err, "code", None)  # grpc.Call and grpc.aio.AioRpcError
+    return code().name if callable(code) else ""

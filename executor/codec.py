@@ -11,6 +11,7 @@ from executor.messages import (
     ItemShape,
     IterationReport,
     IterationStats,
+    ModelFacts,
     Prefilled,
     Registered,
     Registration,
@@ -24,6 +25,7 @@ from executor.messages import (
     TransferOrder,
     WorkBatch,
     WorkerExit,
+    WorkerState,
 )
 from executor.proto import sangam_pb2 as pb
 from sangam.request import BlockRecord, Request
@@ -79,6 +81,11 @@ def state_to_pb(state: RequestState) -> pb.RequestState:
         arrival=state.arrival,
         end=state.end,
         forwards=state.forwards,
+        queue_s=state.queue_s,
+        prefill_s=state.prefill_s,
+        decode_s=state.decode_s,
+        transfer_s=state.transfer_s,
+        overflow_blocks=state.overflow_blocks,
     )
 
 
@@ -121,14 +128,47 @@ def status_to_pb(status: ClusterStatus) -> pb.StatusReply:
         )
     facts = status.facts
     if facts is not None:
-        reply.vocab, reply.mask_id, reply.pages, reply.model = (
+        reply.vocab, reply.mask_id, reply.pages, reply.model, reply.context_len = (
             facts.vocab,
             facts.mask_id,
             facts.pages,
             facts.model,
+            facts.context_len,
         )
         reply.eos_ids.extend(facts.eos_ids)
     return reply
+
+
+def status_from_pb(msg: pb.StatusReply) -> ClusterStatus:
+    workers = tuple(
+        WorkerState(w.worker_id, w.role, w.pages, w.free_pages, w.router_free, w.outstanding)
+        for w in msg.workers
+    )
+    facts = (
+        ModelFacts(msg.vocab, msg.mask_id, tuple(msg.eos_ids), msg.pages, msg.model, msg.context_len)
+        if msg.vocab
+        else None
+    )
+    return ClusterStatus(
+        ready=msg.ready,
+        workers_expected=msg.workers_expected,
+        workers_registered=msg.workers_registered,
+        submitted=msg.submitted,
+        done=msg.done,
+        errors=msg.errors,
+        iterations=msg.iterations,
+        failure=msg.failure,
+        mask_len=msg.mask_len,
+        layout=msg.layout,
+        transfers_done=msg.transfers_done,
+        transfers_failed=msg.transfers_failed,
+        transfer_retries=msg.transfer_retries,
+        transfers_in_flight=msg.transfers_in_flight,
+        first_arrival=msg.first_arrival,
+        workers=workers,
+        facts=facts,
+        recovery=recovery_from_pb(msg),
+    )
 
 
 def record_of(req: Request) -> pb.RequestRecord:
@@ -190,13 +230,14 @@ def registration_to_pb(reg: Registration) -> pb.RegisterRequest:
         device=reg.device,
         pid=reg.pid,
         role=reg.role,
+        context_len=reg.context_len,
     )
 
 
 def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
     return Registration(
         msg.worker_id, msg.address, msg.pages, msg.vocab, msg.mask_id, tuple(msg.eos_ids), msg.model,
-        msg.device, msg.pid, msg.role,
+        msg.device, msg.pid, msg.role, msg.context_len,
     )  # fmt: skip
 
 

@@ -81,10 +81,9 @@ class ClusterSpec:
     dist_timeout: float = 120.0
     fault_stall_recv: int | None = None  # tests: every worker stalls this request's KV receives
     api_key: str | None = field(default=None, repr=False)  # required on the client port when set
-
-    @property
-    def stop_at_eos(self) -> bool:
-        return self.weights != "random"
+    stop_at_eos: bool = (
+        False  # a request ends after the block that commits EOS (unless its forwards are forced)
+    )
 
     @property
     def layout(self) -> Layout:

@@ -168,6 +168,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         transfer_attempts=args.transfer_attempts,
         dist_timeout=args.dist_timeout,
         api_key=args.api_key,
+        stop_at_eos=not random_weights,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")
     return LivePlan(
@@ -441,9 +442,21 @@ def _replay(
         raise LiveError(f"KV pages not returned at the end: {unbalanced}")
 
 
-def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
+def write_served(plan: LivePlan, cluster: LocalCluster, out: Path) -> int:
+    """Write the results of every request a serving cluster finished to `out`; how many there were."""
     from sangam.results import request_row, summarize, write_results
 
+    client = cluster.client
+    assert client is not None
+    finished = rebuild(client.results(), {}, [], client.status().first_arrival)
+    if finished:
+        summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
+        summary["config"] = plan.resolved()
+        write_results(out, finished, summary)
+    return len(finished)
+
+
+def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
     with _running(plan, args) as (cluster, status):
         assert cluster.client is not None
         print(
@@ -459,12 +472,8 @@ def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
-        client = cluster.client
-        finished = rebuild(client.results(), {}, [], client.status().first_arrival) if files.out else []
-    if finished and files.out:
-        summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
-        summary["config"] = plan.resolved()
-        write_results(files.out, finished, summary)
+        if files.out:
+            write_served(plan, cluster, files.out)
     print("sangam live: stopped", file=sys.stderr)
     return 0
 

@@ -66,6 +66,12 @@ class RequestState:
     arrival: float = 0.0
     end: float = 0.0  # 0 until DONE
     forwards: tuple[int, ...] = ()  # forwards each finished block took
+    # once DONE: the latency parts summed over the blocks (sangam.results.PARTS), seconds
+    queue_s: float = 0.0  # prefill queue and decode queue
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    transfer_s: tuple[float, ...] = ()  # each KV transfer's duration
+    overflow_blocks: int = 0  # blocks whose prefill overflowed to a colocated worker (hybrid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class ModelFacts:
     eos_ids: tuple[int, ...]
     pages: int  # the smallest worker pool
     model: str
+    context_len: int  # the model's context window: prompt plus mask buffer must fit it
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +137,7 @@ class Registration:
     device: str
     pid: int
     role: str  # colocated, prefill or decode: must match the scheduler's layout
+    context_len: int  # the model's context window in tokens
 
 
 @dataclass(frozen=True, slots=True)

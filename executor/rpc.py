@@ -27,7 +27,7 @@ MAX_MESSAGE_BYTES = 64 << 20
 CALL_TIMEOUT_S = 10.0  # default deadline of a unary control-plane call
 HEALTH_TIMEOUT_S = 2.0
 
-_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
@@ -36,7 +36,7 @@ _OPTIONS = [
 def channel(address: str, token: str | None = None) -> grpc.Channel:
     """An insecure channel to `address` (host:port) with Sangam's message limits; with a `token`, every
     call on it presents `authorization: Bearer token`."""
-    raw = grpc.insecure_channel(address, options=_OPTIONS)
+    raw = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     return raw if token is None else grpc.intercept_channel(raw, _Credential(metadata(token)))
 
 
@@ -80,7 +80,7 @@ def server(
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
         interceptors=[*interceptors, Undecodable()],
-        options=[*_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
 

@@ -268,6 +268,20 @@ class SchedulerCore:
                 return
             changed.wait(1.0)
 
+    def cancel(self, rid: int) -> RequestState:
+        """Cancel request `rid` on the core thread; its state once that is done."""
+        done = threading.Event()
+
+        def cancel() -> None:
+            try:
+                self.state.cancel(rid)
+            finally:
+                done.set()
+
+        self._post(cancel)
+        done.wait(rpc.CALL_TIMEOUT_S / 2)
+        return self.state.poll(rid)
+
     def worker_lost(self, worker: int, incarnation: int, reason: str) -> None:
         """Process `incarnation` of `worker` is gone (from any thread)."""
         self._post(self._lose, worker, incarnation, reason)
@@ -356,6 +370,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def Stream(self, request: pb.RequestRef, context: grpc.ServicerContext) -> Iterator[pb.RequestState]:
         for state in self.core.stream(request.request_id, context.is_active):
             yield codec.state_to_pb(state)
+
+    def Cancel(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
+        return codec.state_to_pb(self.core.cancel(request.request_id))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         return codec.status_to_pb(self.core.state.status())

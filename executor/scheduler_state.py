@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from executor.admission import check_registration, check_submission
 from executor.iteration_log import IterationLog
@@ -49,10 +50,11 @@ from sangam.config import RunConfig
 from sangam.hardware import BLOCK
 from sangam.layout import Layout, Role, parse_mode
 from sangam.request import Request
-from sangam.results import RecoveryCounts
+from sangam.results import RecoveryCounts, block_parts
 from sangam.router import Action, Drop, Fail, Recovery, Router, Transfer
 
 TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails
+CANCELLED = "cancelled by the client"
 
 log = logging.getLogger("sangam.scheduler")
 
@@ -103,6 +105,26 @@ def block_work(tracked: Tracked, req: Request, block: int) -> BlockWork:
         tokens=(*tracked.prompt, *tracked.generated),
         forwards=tracked.planned[block] if tracked.planned else 0,
         sampling=tracked.sampling,
+    )
+
+
+def latency_parts(req: Request) -> dict[str, Any]:
+    """A finished request's `RequestState` timing fields, summed over its blocks."""
+    queue = prefill = decode = 0.0
+    transfers = []
+    for rec in req.blocks:
+        prefill_queue, prefill_s, decode_queue, transfer, decode_s = block_parts(rec)
+        queue += prefill_queue + decode_queue
+        prefill, decode = prefill + prefill_s, decode + decode_s
+        if rec.transfer_start is not None:
+            transfers.append(transfer)
+    overflows = sum(rec.overflow for rec in req.blocks)
+    return dict(
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        transfer_s=tuple(transfers),
+        overflow_blocks=overflows,
     )
 
 
@@ -189,7 +211,8 @@ class SchedulerState:
                 return Registered(None, incarnation)
             if len(self.workers) == self.layout.num_workers:
                 pages = min(w.registration.pages for w in self.workers.values())
-                self.facts = ModelFacts(reg.vocab, reg.mask_id, reg.eos_ids, pages, reg.model)
+                context = min(w.registration.context_len for w in self.workers.values())
+                self.facts = ModelFacts(reg.vocab, reg.mask_id, reg.eos_ids, pages, reg.model, context)
                 rng = RunConfig(gpus=self.layout.num_workers, theta=self.theta, seed=self.seed).rng("router")
                 self.router = Router(self.layout, pages, rng, self.theta, policy=self.policy)
         log.info("worker %d registered at %s (%s)", reg.worker_id, reg.address, reg.device)
@@ -349,6 +372,16 @@ class SchedulerState:
             return [(worker, w) for w, r in enumerate(roles) if r is not Role.PREFILL]
         return [(w, worker) for w, r in enumerate(roles) if r is Role.PREFILL]
 
+    def cancel(self, rid: int) -> None:
+        """The client gave request `rid` up: unless it has ended, each worker holding its work or KV is
+        told to drop it, the router forgets it, and it ends with ERROR (`CANCELLED`)."""
+        tracked = self._active.get(rid)
+        if tracked is None or tracked.req is None:
+            return
+        assert self.router is not None
+        self._apply(self.router.cancel(self.clock(), tracked.req))
+        self._end_failed(rid, CANCELLED)
+
     def fail(self, reason: str) -> bool:
         """The cluster cannot go on: every unfinished request ends with ERROR and this reason. False if it
         had failed already."""
@@ -494,6 +527,7 @@ class SchedulerState:
             arrival=t.arrival,
             end=end or 0.0,
             forwards=tuple(req.steps[: req.block]) if req is not None else (),
+            **(latency_parts(req) if req is not None and req.finished else {}),
         )  # before the swap: a stream that sees the new event sees this state
         changed, t.changed = t.changed, threading.Event()
         changed.set()  # wakes only this request's streams

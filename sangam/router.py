@@ -226,6 +226,33 @@ class Router:
         self._set_up(worker, True)
         return self._drain(now)
 
+    def cancel(self, now: float, req: Request) -> list[Action | Drop]:
+        """The client gave `req` up. A waiting block leaves its queue; a placed one's books are undone
+        (its outstanding tokens and tallied pages, at both ends of a KV transfer) and every worker that
+        holds its work or its KV gets a `Drop`. What the freed load and pages let go follows. A request
+        the router does not know (finished, or never routed) changes nothing."""
+        queued = (self._pending, self._returning)
+        for queue in queued:
+            if any(entry[2] is req for entry in queue):
+                queue[:] = [entry for entry in queue if entry[2] is not req]
+                heapq.heapify(queue)
+        books = self._books.pop(req.id, None)
+        self._unhold(req.id)
+        if books is None:
+            return [*self._drain(now)]
+        _, stage, at, dst = books
+        if stage is _Stage.DISPATCHED:
+            self.outstanding[at] -= req.seq_len
+        if stage is _Stage.HANDED:
+            self._decode_ready = [e for e in self._decode_ready if e[2] is not req]
+            heapq.heapify(self._decode_ready)
+        if self._tallies_pages:
+            self.free[at] += req.pages
+            if stage is _Stage.MOVING:
+                self.free[dst] += req.pages
+        drops: list[Action | Drop] = [Drop(req, w) for w in (at, dst) if w >= 0]
+        return [*drops, *self._drain(now)]
+
     def give_up(self, now: float, reason: str) -> list[Fail]:
         """End every request waiting to be routed with ERROR (a driver that knows no lost worker will
         come back calls this for requests that reach a layout unable to serve)."""

@@ -22,6 +22,7 @@ from cli.live import run as run_live
 from executor.client import SangamClient, SangamError
 from executor.codec import record_of, request_from_record
 from executor.launcher import ClusterSpec, LiveError, LocalCluster, cpu_workers
+from executor.models.config import TINY_CONTEXT
 from executor.proto import sangam_pb2 as pb
 from sangam.config import RunConfig, build_requests, with_arrival_times
 from sangam.progress import parse_progress
@@ -120,6 +121,7 @@ def test_bad_inputs_get_errors_and_leave_others_untouched(client: SangamClient) 
         "gen length 0 is not": ([1, 2], 0),
         "exceeds the mask buffer": ([1, 2], SERVED_MASK_LEN + 32),
         "prompt too long for the KV pool": ([1] * too_long, 32),
+        "too long for the model's context window": ([1] * (TINY_CONTEXT - SERVED_MASK_LEN + 1), 32),
         "outside the vocabulary": ([1, VOCAB], 32),
         "token -3 at position 2": ([1, 2, -3], 32),
         "is the mask id": ([1, MASK_ID, 2], 32),

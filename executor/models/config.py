@@ -7,6 +7,8 @@ from enum import StrEnum
 
 from sangam.hardware import MODELS
 
+TINY_CONTEXT = 4096  # the tiny twins' context window, as LLaDA-8B's
+
 
 class Family(StrEnum):
     LLADA = "llada"
@@ -23,11 +25,12 @@ class FamilyTraits:
     mask_id: int
     eos_ids: tuple[int, ...]
     logit_shift: int  # 1: the head at position i predicts token i + 1 (Dream, initialised from an AR model)
+    context_len: int  # context window, tokens (config.json may override it)
 
 
 TRAITS: dict[Family, FamilyTraits] = {
-    Family.LLADA: FamilyTraits("LLaDAModelLM", 1e-5, 500_000.0, 126336, (126081, 126348), 0),
-    Family.DREAM: FamilyTraits("DreamModel", 1e-6, 1_000_000.0, 151666, (151643, 151645), 1),
+    Family.LLADA: FamilyTraits("LLaDAModelLM", 1e-5, 500_000.0, 126336, (126081, 126348), 0, 4096),
+    Family.DREAM: FamilyTraits("DreamModel", 1e-6, 1_000_000.0, 151666, (151643, 151645), 1, 131072),
 }
 
 
@@ -48,6 +51,7 @@ class ModelConfig:
     rope_theta: float
     mask_id: int
     eos_ids: tuple[int, ...]
+    context_len: int  # tokens: a prompt plus its mask buffer must fit
 
     def __post_init__(self) -> None:
         if self.heads % self.kv_heads:
@@ -83,6 +87,7 @@ def full_size(family: Family) -> ModelConfig:
         rope_theta=traits.rope_theta,
         mask_id=traits.mask_id,
         eos_ids=traits.eos_ids,
+        context_len=traits.context_len,
     )
 
 
@@ -103,4 +108,5 @@ def tiny(family: Family) -> ModelConfig:
         rope_theta=traits.rope_theta,
         mask_id=299,
         eos_ids=(298,),
+        context_len=TINY_CONTEXT,
     )

@@ -33,6 +33,9 @@ def read_config(directory: str | Path) -> ModelConfig:
         rope_theta=float(raw.get("rope_theta", traits.rope_theta)),
         mask_id=int(raw.get("mask_token_id", traits.mask_id)),
         eos_ids=_eos_ids(path, raw) or traits.eos_ids,
+        context_len=int(
+            raw.get("max_sequence_length") or raw.get("max_position_embeddings") or traits.context_len
+        ),
         **shapes,
     )
 

@@ -105,6 +105,11 @@ class RequestState(_message.Message):
         "arrival",
         "end",
         "forwards",
+        "queue_s",
+        "prefill_s",
+        "decode_s",
+        "transfer_s",
+        "overflow_blocks",
     )
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +121,11 @@ class RequestState(_message.Message):
     ARRIVAL_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     status: RequestStatus
     error: str
@@ -126,6 +136,11 @@ class RequestState(_message.Message):
     arrival: float
     end: float
     forwards: _containers.RepeatedScalarFieldContainer[int]
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    transfer_s: _containers.RepeatedScalarFieldContainer[float]
+    overflow_blocks: int
     def __init__(
         self,
         request_id: _Optional[int] = ...,
@@ -138,6 +153,11 @@ class RequestState(_message.Message):
         arrival: _Optional[float] = ...,
         end: _Optional[float] = ...,
         forwards: _Optional[_Iterable[int]] = ...,
+        queue_s: _Optional[float] = ...,
+        prefill_s: _Optional[float] = ...,
+        decode_s: _Optional[float] = ...,
+        transfer_s: _Optional[_Iterable[float]] = ...,
+        overflow_blocks: _Optional[int] = ...,
     ) -> None: ...
 
 class StatusRequest(_message.Message):
@@ -171,6 +191,7 @@ class StatusReply(_message.Message):
         "requests_recovered",
         "forwards_redone",
         "requests_failed",
+        "context_len",
     )
     READY_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +218,7 @@ class StatusReply(_message.Message):
     REQUESTS_RECOVERED_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_REDONE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     workers_expected: int
     workers_registered: int
@@ -222,6 +244,7 @@ class StatusReply(_message.Message):
     requests_recovered: int
     forwards_redone: int
     requests_failed: int
+    context_len: int
     def __init__(
         self,
         ready: _Optional[bool] = ...,
@@ -249,6 +272,7 @@ class StatusReply(_message.Message):
         requests_recovered: _Optional[int] = ...,
         forwards_redone: _Optional[int] = ...,
         requests_failed: _Optional[int] = ...,
+        context_len: _Optional[int] = ...,
     ) -> None: ...
 
 class WorkerState(_message.Message):
@@ -389,6 +413,7 @@ class RegisterRequest(_message.Message):
         "device",
         "pid",
         "role",
+        "context_len",
     )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +425,7 @@ class RegisterRequest(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     pages: int
@@ -410,6 +436,7 @@ class RegisterRequest(_message.Message):
     device: str
     pid: int
     role: str
+    context_len: int
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -422,6 +449,7 @@ class RegisterRequest(_message.Message):
         device: _Optional[str] = ...,
         pid: _Optional[int] = ...,
         role: _Optional[str] = ...,
+        context_len: _Optional[int] = ...,
     ) -> None: ...
 
 class RegisterReply(_message.Message):

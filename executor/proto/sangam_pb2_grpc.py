@@ -75,6 +75,12 @@ class SchedulerStub:
             response_deserializer=executor_dot_proto_dot_sangam__pb2.ShutdownReply.FromString,
             _registered_method=True,
         )
+        self.Cancel = channel.unary_unary(
+            "/sangam.live.v1.Scheduler/Cancel",
+            request_serializer=executor_dot_proto_dot_sangam__pb2.RequestRef.SerializeToString,
+            response_deserializer=executor_dot_proto_dot_sangam__pb2.RequestState.FromString,
+            _registered_method=True,
+        )
 
 
 class SchedulerServicer:
@@ -122,6 +128,15 @@ class SchedulerServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def Cancel(self, request, context):
+        """End a queued or running request with status ERROR ("cancelled"): it leaves the queue, and the
+        worker running it drops it and frees its KV pages. The reply is its state after the call (a
+        finished request is left as it was).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +169,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             servicer.Shutdown,
             request_deserializer=executor_dot_proto_dot_sangam__pb2.ShutdownRequest.FromString,
             response_serializer=executor_dot_proto_dot_sangam__pb2.ShutdownReply.SerializeToString,
+        ),
+        "Cancel": grpc.unary_unary_rpc_method_handler(
+            servicer.Cancel,
+            request_deserializer=executor_dot_proto_dot_sangam__pb2.RequestRef.FromString,
+            response_serializer=executor_dot_proto_dot_sangam__pb2.RequestState.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler("sangam.live.v1.Scheduler", rpc_method_handlers)
@@ -337,6 +357,36 @@ class Scheduler:
             "/sangam.live.v1.Scheduler/Shutdown",
             executor_dot_proto_dot_sangam__pb2.ShutdownRequest.SerializeToString,
             executor_dot_proto_dot_sangam__pb2.ShutdownReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def Cancel(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/sangam.live.v1.Scheduler/Cancel",
+            executor_dot_proto_dot_sangam__pb2.RequestRef.SerializeToString,
+            executor_dot_proto_dot_sangam__pb2.RequestState.FromString,
             options,
             channel_credentials,
             insecure,

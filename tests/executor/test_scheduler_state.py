@@ -32,7 +32,7 @@ PROMPT = tuple(range(1, 21))  # with a 64-token mask buffer: 6 pages
 
 def registration(worker: int, role: str = "colocated", vocab: int = 1000) -> Registration:
     return Registration(
-        worker, f"127.0.0.1:{7000 + worker}", PAGES, vocab, 999, (2,), "tiny", "cpu", 40 + worker, role
+        worker, f"127.0.0.1:{7000 + worker}", PAGES, vocab, 999, (2,), "tiny", "cpu", 40 + worker, role, 4096
     )
 
 

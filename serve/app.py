@@ -1,0 +1,434 @@
+"""The OpenAI-compatible HTTP API (FastAPI): `/v1/models`, `/v1/completions`, `/v1/chat/completions`,
+`/health` and `/metrics`, over any `Backend` (the running scheduler, or a fake in tests).
+
+A request's life here: the API key (401), the server's state (503 while starting, draining or failed),
+the waiting line (429 with Retry-After beyond `max_waiting`), the body and the prompt against the
+model's limits (400: every refusal the scheduler's admission would make, made before it is asked),
+then Submit and the request's block updates. `max_tokens` becomes whole 32-token blocks (at most the mask
+buffer) and the text is cut at `max_tokens` or at the model's EOS. A stream sends one SSE chunk per
+committed block, then the usage chunk if asked, then `data: [DONE]`. A client that goes away (a closed
+stream or connection) cancels its request at the scheduler. `/health` and `/metrics` need no API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from executor.client import RequestResult, SangamError
+from executor.messages import Sampling, Submission, WorkerState
+from sangam.hardware import BLOCK, pages_for
+from serve import protocol as api
+from serve.backend import Backend, Limits, ServingState
+from serve.metrics import CONTENT_TYPE, Metrics
+from serve.tokenizer import Message, TextTokenizer
+
+RETRY_AFTER_S = 1
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """A request refused or failed: OpenAI's error JSON with this status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def response(self) -> JSONResponse:
+        body = api.ErrorResponse(
+            error=api.ErrorBody(message=self.message, type=ERROR_TYPES[self.status], param=self.param,
+                                code=self.status)
+        )  # fmt: skip
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else None
+        return JSONResponse(body.model_dump(), status_code=self.status, headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class AppConfig:
+    model: str  # the served model's name
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
+    max_waiting: int = 256  # queued requests beyond which new ones get 429
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One admitted request, as the app runs it."""
+
+    request_id: int
+    prompt_tokens: int
+    max_tokens: int
+    started: float  # monotonic, when the HTTP request arrived
+
+
+class Output:
+    """The text of a request's committed blocks, cut at the model's EOS or at `max_tokens`; each block
+    gives the text it adds. A trailing incomplete UTF-8 character decodes as one U+FFFD, which bytes that
+    follow may complete, so that one waits for the next block: the texts added join to the whole text."""
+
+    def __init__(self, tokenizer: TextTokenizer, eos_ids: Sequence[int], max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.max_tokens = max_tokens
+        self.ids: list[int] = []
+        self.eos = False
+        self.finish: str | None = None  # stop (EOS) or length
+        self.sent = ""
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.ids) + self.eos  # the EOS counts as generated, as in vLLM
+
+    def add_block(self, block: Sequence[int], last: bool) -> str:
+        for token in block:
+            if token in self.eos_ids:
+                self.eos, self.finish = True, "stop"
+                break
+            self.ids.append(token)
+            if len(self.ids) >= self.max_tokens:
+                self.finish = "length"
+                break
+        if self.finish is None and last:
+            self.finish = "length"
+        text = self.tokenizer.decode(self.ids)
+        if self.finish is None and text.endswith("\ufffd"):
+            text = text[:-1]  # perhaps a character whose last bytes come with the next block
+        if not text.startswith(self.sent):  # a tokenizer that rewrites earlier text: send nothing new
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+
+def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, config: AppConfig) -> FastAPI:
+    """The HTTP app over `backend`; `state` is shared with whoever starts and drains the cluster."""
+    app = FastAPI(title="Sangam", docs_url=None, redoc_url=None)
+    metrics = Metrics(config.model)
+    background: set[asyncio.Task[None]] = set()
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, err: APIError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_bad_body(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return APIError(
+            400, f"{where}: {first['msg']}" if where else str(first["msg"]), where or None
+        ).response()
+
+    if config.api_key is not None:
+        app.add_middleware(RequireKey, key=config.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        reason = state.unavailable()
+        if reason is None:
+            try:
+                status = await backend.status()
+            except SangamError as err:
+                reason = f"the scheduler does not answer: {err}"
+            else:
+                if not status.ready or status.workers_registered < status.workers_expected:
+                    reason = (
+                        status.failure or f"{status.workers_registered} of {status.workers_expected} workers"
+                    )
+        if reason is not None:
+            return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        workers: tuple[WorkerState, ...] = ()
+        if state.limits is not None and not state.failure:
+            with contextlib.suppress(SangamError):
+                workers = (await backend.status()).workers
+        return Response(metrics.scrape(state.waiting, state.running, workers), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> api.ModelList:
+        limits = ready()
+        card = api.ModelCard(id=limits.model, created=int(time.time()), max_model_len=limits.context_len)
+        return api.ModelList(data=[card])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: api.CompletionRequest, request: Request) -> Response:
+        started = time.monotonic()
+        limits = ready()
+        prompt = completion_prompt(body.prompt, tokenizer)
+        job = await admit(body, prompt, limits, started)
+        name, created, rid = body.model or limits.model, int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+        output = Output(tokenizer, limits.eos_ids, job.max_tokens)
+
+        def chunk(text: str, finish: str | None) -> api.CompletionChunk:
+            choice = api.CompletionChoice(text=text, finish_reason=finish)
+            return api.CompletionChunk(id=rid, created=created, model=name, choices=[choice])
+
+        if body.stream:
+            return sse(
+                job, output, chunk, body.include_usage, rid, created, name, request, api.CompletionChunk
+            )
+        await until_done(job, output, request)
+        choice = api.CompletionChoice(text=output.sent, finish_reason=output.finish)
+        return JSONResponse(
+            api.CompletionResponse(
+                id=rid, created=created, model=name, choices=[choice], usage=usage(job, output)
+            ).model_dump()
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: api.ChatRequest, request: Request) -> Response:
+        started = time.monotonic()
+        limits = ready()
+        if not body.messages:
+            raise APIError(400, "messages: at least one message is required", "messages")
+        for i, message in enumerate(body.messages):
+            if message.role not in api.ROLES:
+                raise APIError(400, f"messages.{i}.role: unknown role {message.role!r} "
+                               f"(known: {', '.join(api.ROLES)})", f"messages.{i}.role")  # fmt: skip
+        if body.max_completion_tokens is not None and body.max_tokens is None:
+            body.max_tokens = body.max_completion_tokens
+        prompt = tokenizer.chat_prompt([Message(m.role, m.text) for m in body.messages])
+        job = await admit(body, prompt, limits, started)
+        name, created, rid = body.model or limits.model, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+        output = Output(tokenizer, limits.eos_ids, job.max_tokens)
+        first = True
+
+        def chunk(text: str, finish: str | None) -> api.ChatChunk:
+            nonlocal first
+            delta = api.Delta(role="assistant" if first else None, content=text)
+            first = False
+            choice = api.ChatChunkChoice(delta=delta, finish_reason=finish)
+            return api.ChatChunk(id=rid, created=created, model=name, choices=[choice])
+
+        if body.stream:
+            return sse(job, output, chunk, body.include_usage, rid, created, name, request, api.ChatChunk)
+        await until_done(job, output, request)
+        choice = api.ChatChoice(
+            message=api.AssistantMessage(content=output.sent), finish_reason=output.finish
+        )
+        return JSONResponse(
+            api.ChatResponse(id=rid, created=created, model=name, choices=[choice], usage=usage(job, output))
+            .model_dump()
+        )  # fmt: skip
+
+    # ---- admission ------------------------------------------------------------------------------------
+
+    def ready() -> Limits:
+        reason = state.unavailable()
+        if reason is not None:
+            raise APIError(503, reason)
+        assert state.limits is not None
+        return state.limits
+
+    async def admit(body: api.Sampling, prompt: list[int], limits: Limits, started: float) -> Job:
+        """Check the request, then Submit it; APIError for every refusal."""
+        max_tokens = check_request(body, prompt, limits)
+        if state.waiting >= config.max_waiting:
+            raise APIError(
+                429, f"{state.waiting} requests are waiting already (--max-waiting {config.max_waiting})"
+            )
+        n_blocks = -(-max_tokens // BLOCK)
+        forwards = (body.forwards_per_block,) * n_blocks if body.forwards_per_block is not None else ()
+        sampling = Sampling(body.threshold, body.temperature, body.seed)
+        state.admitting += 1
+        try:
+            result = await backend.submit(Submission(tuple(prompt), BLOCK * n_blocks, sampling, forwards))
+        except SangamError as err:
+            raise scheduler_error(err) from None
+        finally:
+            state.admitting -= 1
+        if result.status == "ERROR":  # the scheduler's admission: a check the HTTP layer does not make
+            raise APIError(400, result.error)
+        state.requests[result.request_id] = result.status
+        return Job(result.request_id, len(prompt), max_tokens, started)
+
+    # ---- running --------------------------------------------------------------------------------------
+
+    async def blocks(job: Job, output: Output) -> AsyncIterator[str]:
+        """The text each committed block adds, until the output is final; the request's metrics once
+        it ends, and a cancel at the scheduler if the caller stops listening before that."""
+        last: RequestResult | None = None
+        reason, consumed = "abort", 0
+        try:
+            try:
+                async for update in backend.stream(job.request_id):
+                    last = update
+                    if update.status in ("QUEUED", "RUNNING"):
+                        state.requests[job.request_id] = update.status
+                    while consumed < update.blocks_done and output.finish is None:
+                        final = update.status == "DONE" and consumed + 1 == update.blocks_done
+                        yield output.add_block(
+                            update.token_ids[BLOCK * consumed : BLOCK * (consumed + 1)], final
+                        )
+                        consumed += 1
+                    if output.finish is not None:
+                        reason = output.finish
+                        return
+                    if update.status == "ERROR":
+                        reason = "error"
+                        raise APIError(500, f"the request failed: {update.error}")
+            except SangamError as err:
+                reason = "error"
+                raise APIError(503, f"the scheduler stopped answering: {err}") from None
+        finally:
+            state.requests.pop(job.request_id, None)
+            if last is None or last.status not in ("DONE", "ERROR"):
+                later(backend.cancel(job.request_id))  # the client left, or the output ended early
+            metrics.finished(
+                last, time.monotonic() - job.started, reason, job.prompt_tokens, output.completion_tokens
+            )
+
+    async def until_done(job: Job, output: Output, request: Request) -> None:
+        """Run the request to its end, or cancel it if the client disconnects first."""
+
+        async def consume() -> None:
+            async for _ in blocks(job, output):
+                pass
+
+        run = asyncio.ensure_future(consume())
+        gone = asyncio.ensure_future(disconnected(request))
+        await asyncio.wait((run, gone), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not run.done():
+            run.cancel()  # the blocks' cleanup cancels the request at the scheduler
+            raise APIError(400, "the client disconnected")
+        run.result()
+
+    def sse(
+        job: Job, output: Output, chunk: Callable[[str, str | None], Any], include_usage: bool,
+        rid: str, created: int, name: str, request: Request, kind: type[api.ChatChunk | api.CompletionChunk],
+    ) -> StreamingResponse:  # fmt: skip
+        async def events() -> AsyncIterator[str]:
+            try:
+                async for text in blocks(job, output):
+                    yield data(chunk(text, output.finish).model_dump(exclude_none=False, exclude={"usage"}))
+                if include_usage:
+                    yield data(kind(id=rid, created=created, model=name, choices=[], usage=usage(job, output))
+                               .model_dump())  # fmt: skip
+            except APIError as err:
+                yield data({"error": json.loads(bytes(err.response().body))["error"]})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def later(coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` to its end even if the task that started it is being cancelled."""
+
+        async def quietly() -> None:
+            with contextlib.suppress(SangamError):  # the scheduler is gone: so is the request
+                await coro
+
+        task = asyncio.get_running_loop().create_task(quietly())
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    return app
+
+
+def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> int:
+    """The request's max_tokens, after every check the scheduler's admission makes; APIError(400) else."""
+    if body.n != 1:
+        raise APIError(400, f"n: only n=1 is supported, got {body.n}", "n")
+    max_tokens = limits.mask_len if body.max_tokens is None else body.max_tokens
+    if not 0 < max_tokens <= limits.mask_len:
+        raise APIError(
+            400,
+            f"max_tokens: must lie in [1, {limits.mask_len}] (the mask buffer), got {max_tokens}",
+            "max_tokens",
+        )
+    if not prompt:
+        raise APIError(400, "the prompt is empty", "prompt")
+    bad = next((i for i, t in enumerate(prompt) if not 0 <= t < limits.vocab or t == limits.mask_id), None)
+    if bad is not None:
+        token = prompt[bad]
+        what = (
+            "is the mask id" if token == limits.mask_id else f"is outside the vocabulary [0, {limits.vocab})"
+        )
+        raise APIError(400, f"prompt token {token} at position {bad} {what}", "prompt")
+    if len(prompt) + limits.mask_len > limits.context_len:
+        raise APIError(
+            400, f"the prompt is too long: {len(prompt)} tokens plus the {limits.mask_len}-token mask buffer "
+            f"exceed the model's context window of {limits.context_len} tokens", "prompt",
+        )  # fmt: skip
+    if pages_for(len(prompt) + limits.mask_len) > limits.pages:
+        raise APIError(
+            400, f"the prompt is too long for a worker's KV pool: {len(prompt)} tokens plus the "
+            f"{limits.mask_len}-token mask buffer need {pages_for(len(prompt) + limits.mask_len)} pages, a "
+            f"worker holds {limits.pages}", "prompt",
+        )  # fmt: skip
+    return max_tokens
+
+
+def completion_prompt(
+    prompt: str | list[str] | list[int] | list[list[int]], tokenizer: TextTokenizer
+) -> list[int]:
+    """Token ids of a completion's prompt: text, or ids; one prompt per request."""
+    if not prompt:
+        return []
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [int(p) for p in prompt]  # type: ignore[arg-type]
+    if len(prompt) != 1:
+        raise APIError(400, f"prompt: one prompt per request, got {len(prompt)}", "prompt")
+    (only,) = prompt
+    return tokenizer.encode(only) if isinstance(only, str) else list(only)  # type: ignore[arg-type]
+
+
+def usage(job: Job, output: Output) -> api.Usage:
+    generated = output.completion_tokens
+    return api.Usage(prompt_tokens=job.prompt_tokens, completion_tokens=generated,
+                     total_tokens=job.prompt_tokens + generated)  # fmt: skip
+
+
+def scheduler_error(err: SangamError) -> APIError:
+    if err.code == "RESOURCE_EXHAUSTED":
+        return APIError(429, f"the scheduler is at its limit of concurrent calls: {err}")
+    return APIError(503, f"the scheduler cannot take the request: {err}")
+
+
+def data(payload: Any) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client has closed its connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class RequireKey:
+    """ASGI middleware: `/v1/*` needs `Authorization: Bearer KEY` (401 before the body is read)."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = APIError(401, "missing or wrong API key (Authorization: Bearer KEY)").response()
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,29 @@
+"""The options of `sangam serve` beyond `sangam live`'s (stdlib and `sangam` only: the command line is
+built without FastAPI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sangam.args import port_number, positive_float, positive_int
+from sangam.options import option
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """The HTTP side of `sangam serve`. (The scheduler's gRPC client port is not exposed: it binds any
+    free loopback port, so `--host`/`--port` here are the HTTP server's alone.)"""
+
+    host: str = option("127.0.0.1", "address the HTTP server binds")
+    port: int = option(8000, "HTTP port (0: any free one)", parse=port_number)
+    tokenizer: Path | None = option(
+        None, "Hugging Face tokenizer directory (read with transformers' AutoTokenizer)", parse=Path,
+        metavar="DIR", default_text="the --weights checkpoint's, else the built-in BPE",
+    )  # fmt: skip
+    max_waiting: int = option(
+        256, "requests queued at the scheduler beyond which new ones get 429", parse=positive_int
+    )
+    drain_timeout: float = option(
+        30.0, "on SIGTERM, seconds running requests may take to finish", parse=positive_float
+    )

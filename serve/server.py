@@ -1,0 +1,137 @@
+"""`sangam serve` in one process: uvicorn runs the HTTP app on the main thread while a thread starts the
+cluster of `sangam live` (scheduler and worker processes, `executor.launcher`) and then watches it.
+
+The HTTP port answers from the first moment: 503 until every worker has registered. A process that dies
+turns every later request (and `/health`) into 503. SIGTERM or Ctrl-C drains: new requests get 503,
+running ones may finish for up to `--drain-timeout` seconds, then the results go to `--out` (if set),
+every process is stopped and the command exits 0 (1 if the cluster had failed). A second signal stops at
+once.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from executor.client import SangamError
+from executor.launcher import LiveError, LocalCluster
+from executor.live import LivePlan, write_served
+from executor.live_options import LiveOptions
+from serve.app import AppConfig, create_app
+from serve.backend import ClusterBackend, Limits, ServingState
+from serve.options import ServeOptions
+from serve.tokenizer import eos_mismatch, load_tokenizer
+
+WATCH_INTERVAL_S = 0.5
+GRACEFUL_S = 2.0  # after the drain: how long uvicorn waits for connections before it closes them
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains on its first SIGTERM or SIGINT instead of closing the socket at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServingState, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_deadline is None:
+            self.state.draining = True
+            self.drain_deadline = time.monotonic() + self.drain_timeout
+        else:
+            self.should_exit = self.force_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        deadline = self.drain_deadline
+        if deadline is not None and (self.state.in_flight == 0 or time.monotonic() >= deadline):
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound now so that a taken port is a one-line error before anything starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Path | None) -> int:
+    """Serve until drained; 0 after a clean drain, 1 if the cluster failed; ValueError/OSError for bad
+    input (exit 2)."""
+    tokenizer = load_tokenizer(options.tokenizer, live.weights)
+    sock = listen(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    state = ServingState()
+    backend = ClusterBackend(live.api_key)
+    app = create_app(backend, tokenizer, state, AppConfig(plan.model, live.api_key, options.max_waiting))
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="off", timeout_graceful_shutdown=int(GRACEFUL_S), access_log=False
+    )
+    server = DrainingServer(config, state, options.drain_timeout)
+    cluster = LocalCluster(plan.cluster, live.log_dir)
+    stopping = threading.Event()
+
+    def start_and_watch() -> None:
+        try:
+            status = cluster.start(live.startup_timeout)
+            backend.address = cluster.address
+            state.limits = Limits(
+                plan.model, status.vocab, status.mask_id, tuple(status.eos_ids), status.mask_len,
+                status.context_len, status.pages,
+            )  # fmt: skip
+            warning = eos_mismatch(tokenizer, status.eos_ids)
+            if warning:
+                print(f"sangam serve: warning: {warning}", file=sys.stderr, flush=True)
+            devices = ", ".join(sorted(set(plan.devices)))
+            print(
+                f"sangam serve: {plan.model} on {len(plan.devices)} workers ({devices}, "
+                f"{plan.config.layout.name}) at http://{host}:{port}/v1 (tokenizer: {tokenizer.name}; "
+                f"logs in {cluster.log_dir}); SIGTERM or Ctrl-C drains and stops",
+                flush=True,
+            )
+            while not stopping.wait(WATCH_INTERVAL_S):
+                cluster.check()
+        except (LiveError, ValueError) as err:
+            if not stopping.is_set():
+                state.failure = str(err)
+                print(f"sangam serve: error: {err}", file=sys.stderr, flush=True)
+                server.should_exit = True
+
+    watcher = threading.Thread(target=start_and_watch, name="cluster", daemon=True)
+    watcher.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stopping.set()
+        watcher.join(timeout=WATCH_INTERVAL_S * 2)
+        try:
+            if out is not None and state.limits is not None and not state.failure:
+                try:
+                    count = write_served(plan, cluster, out)
+                except (OSError, SangamError) as err:
+                    state.failure = f"cannot write the results to {out}: {err}"
+                    print(f"sangam serve: error: {state.failure}", file=sys.stderr)
+                else:
+                    print(f"sangam serve: {count} finished requests written to {out}", file=sys.stderr)
+        finally:
+            cluster.stop()
+            if not state.failure:
+                cluster.remove_logs()
+            sock.close()
+    print("sangam serve: stopped", file=sys.stderr)
+    return 1 if state.failure else 0

@@ -1,0 +1,263 @@
+"""The HTTP app on a real socket over a fake scheduler: shapes, every refusal, cancellation, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
+
+from executor.messages import Submission
+from serve.app import Output
+from serve.backend import ServingState
+from serve.tokenizer import Message
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[str, FakeBackend]]:
+    backend = FakeBackend()
+    with app_server(backend) as (url, _):
+        yield url, backend
+
+
+def post(url: str, path: str, body: object, **kwargs: object) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+
+def error_of(response: httpx.Response) -> str:
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["code"] == response.status_code
+    assert {"message", "type", "param", "code"} <= set(body["error"])
+    message: str = body["error"]["message"]
+    assert "\n" not in message
+    return message
+
+
+def test_completion_text_is_cut_at_max_tokens_and_usage_counts(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    reply = client.completions.create(model="fake-model", prompt="Hello", max_tokens=40, seed=7)
+    sub = backend.submitted[-1]
+    assert sub.gen_len == 64 and sub.sampling.seed == 7  # 40 tokens: two whole blocks
+    assert sub.prompt == tuple(TOKENIZER.encode("Hello"))
+    assert reply.choices[0].text == "A" * 32 + "B" * 8 and reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(sub.prompt), 40)
+    assert reply.usage.total_tokens == len(sub.prompt) + 40
+
+
+def test_eos_stops_the_text_with_finish_reason_stop() -> None:
+    a, b, c = letter(0), letter(1), letter(2)
+    backend = FakeBackend(tokens=lambda sub, block: [b] * 5 + [EOS] + [c] * 26 if block == 1 else [a] * 32)
+    with app_server(backend) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=128
+        )
+    assert reply.choices[0].message.content == "A" * 32 + "B" * 5
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.completion_tokens == 38  # the EOS counts
+    prompt = TOKENIZER.chat_prompt([Message("user", "hi")])
+    assert backend.submitted[-1].prompt == tuple(prompt) and prompt[-3:] != [EOS]
+
+
+def test_stream_sends_one_chunk_per_block_then_usage_then_done(fake: tuple[str, FakeBackend]) -> None:
+    url, _ = fake
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 70, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=10) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    blocks, usage = chunks[:-1], chunks[-1]
+    assert len(blocks) == 3  # ceil(70 / 32)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert blocks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] for c in blocks) == "A" * 32 + "B" * 32 + "C" * 6
+    assert [c["choices"][0]["finish_reason"] for c in blocks] == [None, None, "length"]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 70
+
+
+def test_bad_inputs_get_400_with_openai_error_json(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    chat = "/v1/chat/completions"
+    user = [{"role": "user", "content": "hi"}]
+    too_long_for_context = LIMITS.context_len - LIMITS.mask_len + 1
+    too_long_for_pages = LIMITS.pages * 16 - LIMITS.mask_len + 1
+    assert too_long_for_pages < too_long_for_context
+    cases = {
+        "max_tokens: must lie in [1, 128]": ("/v1/completions", {"prompt": "x", "max_tokens": 0}),
+        "(the mask buffer), got 129": ("/v1/completions", {"prompt": "x", "max_tokens": 129}),
+        "only n=1 is supported": (chat, {"messages": user, "n": 2}),
+        "the prompt is empty": ("/v1/completions", {"prompt": ""}),
+        "the prompt is empty ": ("/v1/completions", {"prompt": []}),
+        "unknown role 'robot'": (chat, {"messages": [{"role": "robot", "content": "x"}]}),
+        "at least one message": (chat, {"messages": []}),
+        "outside the vocabulary [0, 300)": ("/v1/completions", {"prompt": [1, 2, 300]}),
+        "token -1 at position 0": ("/v1/completions", {"prompt": [-1]}),
+        "is the mask id": ("/v1/completions", {"prompt": [1, MASK]}),
+        "the model's context window of 512": ("/v1/completions", {"prompt": [1] * too_long_for_context}),
+        "for a worker's KV pool": ("/v1/completions", {"prompt": [1] * too_long_for_pages}),
+        "one prompt per request, got 2": ("/v1/completions", {"prompt": ["a", "b"]}),
+        "temperature": (chat, {"messages": user, "temperature": -1}),
+        "threshold": (chat, {"messages": user, "threshold": 1.5}),
+        "forwards_per_block": (chat, {"messages": user, "forwards_per_block": 33}),
+        "messages": (chat, {"prompt": "no messages"}),
+    }
+    before = len(backend.submitted)
+    for needle, (path, body) in cases.items():
+        response = post(url, path, body)
+        assert response.status_code == 400, (needle, response.text)
+        assert needle.strip() in error_of(response), needle
+    assert len(backend.submitted) == before  # none reached the scheduler
+    fits = post(url, "/v1/completions", {"prompt": [1] * (too_long_for_pages - 1), "max_tokens": 1})
+    assert fits.status_code == 200, fits.text
+
+
+def test_the_openai_client_raises_bad_request(fake: tuple[str, FakeBackend]) -> None:
+    url, _ = fake
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="m", prompt="x", max_tokens=10_000)
+
+
+def test_api_key_guards_v1_but_not_health_or_metrics() -> None:
+    with app_server(FakeBackend(), api_key="sekrit") as (url, _):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+            response = httpx.get(url + "/v1/models", headers=headers)
+            assert response.status_code == 401 and "API key" in error_of(response)
+        bad_body = post(url, "/v1/completions", {"max_tokens": "nonsense"})
+        assert bad_body.status_code == 401  # before the body is looked at
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + "/metrics").status_code == 200
+        denied = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            denied.models.list()
+        allowed = openai.OpenAI(base_url=url + "/v1", api_key="sekrit")
+        assert [m.id for m in allowed.models.list()] == ["fake-model"]
+
+
+def test_503_while_starting_failed_or_draining() -> None:
+    state = ServingState()
+    with app_server(FakeBackend(), state=state) as (url, _):
+        for setup, needle in (
+            (lambda: None, "starting"),
+            (lambda: setattr(state, "limits", LIMITS) or setattr(state, "draining", True), "shutting down"),
+            (lambda: setattr(state, "failure", "worker 0 exited"), "worker 0 exited"),
+        ):
+            setup()
+            response = post(url, "/v1/completions", {"prompt": "x"})
+            assert response.status_code == 503 and needle in error_of(response)
+            assert response.headers["retry-after"] == "1"
+            assert httpx.get(url + "/health").status_code == 503
+
+
+def test_429_with_retry_after_once_max_waiting_requests_wait() -> None:
+    backend = FakeBackend()
+    with app_server(backend, max_waiting=2) as (url, state):
+
+        async def main() -> list[int]:
+            backend.hold = asyncio.Event()  # the app's loop runs in another thread: set only through it
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                waiting = [asyncio.create_task(client.post("/v1/completions", json={"prompt": "x"}))
+                           for _ in range(2)]  # fmt: skip
+                while state.waiting < 2:
+                    await asyncio.sleep(0.01)
+                refused = await client.post("/v1/completions", json={"prompt": "x"})
+                for task in waiting:
+                    task.cancel()
+                return [refused.status_code, int(refused.headers["retry-after"]), len(backend.submitted)]
+
+        status, retry_after, submitted = asyncio.run(main())
+    assert (status, retry_after, submitted) == (429, 1, 2)
+
+
+def test_a_client_that_disconnects_cancels_its_request() -> None:
+    backend = FakeBackend()
+    with app_server(backend) as (url, state):
+        backend.hold = asyncio.Event()
+        for stream in (False, True):
+            host, port = url.removeprefix("http://").split(":")
+            body = json.dumps({"prompt": "x", "max_tokens": 32, "stream": stream}).encode()
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+                )  # fmt: skip
+                deadline = time.monotonic() + 5
+                while state.in_flight == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert state.in_flight == 1
+            deadline = time.monotonic() + 5
+            while len(backend.cancelled) < (2 if stream else 1) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert backend.cancelled[-1] == len(backend.submitted) - 1, stream
+            assert state.in_flight == 0
+        metrics = httpx.get(url + "/metrics").text
+    samples = {
+        (s.name, s.labels.get("finished_reason")): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+    }
+    assert samples[("sangam:request_success_total", "abort")] == 2
+
+
+def test_metrics_parse_and_count_a_finished_request() -> None:
+    with app_server(FakeBackend()) as (url, _):
+        assert post(url, "/v1/completions", {"prompt": "hello", "max_tokens": 64}).status_code == 200
+        text = httpx.get(url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in (
+        "sangam:e2e_request_latency_seconds", "sangam:request_queue_time_seconds",
+        "sangam:request_prefill_time_seconds", "sangam:request_decode_time_seconds",
+        "sangam:num_requests_running", "sangam:num_requests_waiting", "sangam:kv_cache_usage_perc",
+        "sangam:request_success", "sangam:prompt_tokens", "sangam:generation_tokens",
+        "sangam:forwards_per_block", "sangam:blocks", "sangam:prefill_overflow", "sangam:kv_transfer_seconds",
+    ):  # fmt: skip
+        assert name in families, name
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    model = (("model_name", "fake-model"),)
+    assert value[("sangam:e2e_request_latency_seconds_count", model)] == 1
+    assert value[("sangam:forwards_per_block_count", model)] == 2  # two blocks of 3 forwards each
+    assert value[("sangam:forwards_per_block_sum", model)] == 6
+    assert value[("sangam:blocks_total", model)] == 2
+    assert value[("sangam:generation_tokens_total", model)] == 64
+    assert value[("sangam:request_success_total", (("finished_reason", "length"), *model))] == 1
+    assert value[("sangam:kv_cache_usage_perc", (*model, ("worker", "0")))] == 0.0
+
+
+@given(st.lists(st.integers(0, 297), min_size=1, max_size=200), st.integers(1, 200))
+def test_block_texts_join_to_the_whole_text(ids: list[int], max_tokens: int) -> None:
+    """Whatever bytes the blocks split (an incomplete UTF-8 character at a block's end included)."""
+    output = Output(TOKENIZER, (EOS,), max_tokens)
+    blocks = [ids[i : i + 32] for i in range(0, len(ids), 32)]
+    joined = "".join(output.add_block(block, i + 1 == len(blocks)) for i, block in enumerate(blocks))
+    kept = ids[:max_tokens]
+    assert joined == TOKENIZER.decode(kept) and output.completion_tokens == len(kept)
+
+
+def test_split_character_waits_for_its_last_byte() -> None:
+    euro = TOKENIZER.encode("€")  # three bytes, three ids (no merge learnt for it)
+    assert len(euro) == 3
+    output = Output(TOKENIZER, (EOS,), 100)
+    assert output.add_block([letter(0), *euro[:2]], last=False) == "A"
+    assert output.add_block(euro[2:], last=True) == "€"
+
+
+def test_submission_carries_the_dllm_fields(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    body = {"prompt": "x", "max_tokens": 64, "threshold": 0.5, "forwards_per_block": 4, "temperature": 0.7}
+    assert post(url, "/v1/completions", body).status_code == 200
+    sub: Submission = backend.submitted[-1]
+    assert sub.forwards == (4, 4) and sub.sampling.threshold == 0.5 and sub.sampling.temperature == 0.7

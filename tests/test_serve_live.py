@@ -1,0 +1,206 @@
+"""`sangam serve` as a user runs it: a subprocess with the scheduler and a tiny CPU worker behind it, the
+official `openai` client on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from live_helpers import descendants, wait_gone
+from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import TOKENIZER, start_serve, wait_http
+
+from executor.client import SangamClient
+from executor.ports import free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+MASK_LEN = 128  # four blocks at most
+KEY = "test-key"  # the module's server runs with --api-key
+AUTH = {"Authorization": f"Bearer {KEY}"}
+FAST = {"forwards_per_block": 2}  # forced forwards: a block takes two forwards on the tiny model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """One `sangam serve` (one CPU worker) for the module; its base URL and log directory."""
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    logs = tmp / "logs"
+    args = ["--workers", "1", "--port", str(port), "--mask-len", str(MASK_LEN), "--log-dir", str(logs)]
+    args += ["--api-key", KEY]
+    process = start_serve(args, tmp / "out.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", process, timeout=120)
+        yield url, logs
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+
+
+def scheduler(logs: Path) -> SangamClient:
+    """A gRPC client of the server's scheduler (its address is in the log directory)."""
+    return SangamClient(json.loads((logs / "scheduler.json").read_text())["address"], api_key=KEY)
+
+
+def metric_values(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(url + "/metrics", timeout=10).text  # open: no key needed
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_streamed_chunks_join_to_the_non_streamed_text_one_per_block(server: tuple[str, Path]) -> None:
+    url, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    messages = [{"role": "user", "content": "Tell me about diffusion language models."}]
+    whole = client.chat.completions.create(model="tiny-llada", messages=messages, max_tokens=70, seed=3)
+    stream = client.chat.completions.create(
+        model="tiny-llada", messages=messages, max_tokens=70, seed=3, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    blocks = chunks[:-1]
+    assert whole.usage is not None and usage is not None and usage == whole.usage
+    text = whole.choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in blocks) == text
+    assert len(blocks) == math.ceil(whole.usage.completion_tokens / 32)  # one chunk per committed block
+    assert blocks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    if whole.choices[0].finish_reason == "length":
+        assert whole.usage.completion_tokens == 70
+    prompt = TOKENIZER.chat_prompt([])  # the template alone: the messages' tokens come on top
+    assert whole.usage.prompt_tokens > len(prompt)
+
+
+def test_completions_from_text_and_from_token_ids(server: tuple[str, Path]) -> None:
+    url, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    assert [m.id for m in client.models.list()] == ["tiny-llada"]
+    text = "Hello, world!"
+    by_text = client.completions.create(model="tiny-llada", prompt=text, max_tokens=40, extra_body=FAST)
+    ids = TOKENIZER.encode(text)
+    by_ids = client.completions.create(model="tiny-llada", prompt=ids, max_tokens=40, extra_body=FAST)
+    assert by_text.usage is not None and by_text.usage.prompt_tokens == len(ids)
+    assert by_text.choices[0].text == by_ids.choices[0].text
+    streamed = client.completions.create(
+        model="tiny-llada", prompt=ids, max_tokens=40, extra_body=FAST, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == by_ids.choices[0].text
+
+
+def test_bad_inputs_are_refused_and_nobody_else_notices(server: tuple[str, Path]) -> None:
+    url, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError, match="context window"):
+        client.completions.create(model="tiny-llada", prompt=[1] * 5000, max_tokens=32)
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model="tiny-llada", prompt=[1, 300], max_tokens=32)
+    with pytest.raises(openai.BadRequestError, match="mask buffer"):
+        client.completions.create(model="tiny-llada", prompt="x", max_tokens=MASK_LEN + 1)
+    ok = client.completions.create(model="tiny-llada", prompt="x", max_tokens=32, extra_body=FAST)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_200_concurrent_streaming_chats_lose_nothing(server: tuple[str, Path]) -> None:
+    url, _ = server
+
+    async def task(index: int, count: int) -> list[str | None]:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+        async def chat(n: int) -> str | None:
+            stream = await client.chat.completions.create(
+                model="tiny-llada", messages=[{"role": "user", "content": f"request {index}.{n}"}],
+                max_tokens=32, stream=True, extra_body=FAST,
+            )  # fmt: skip
+            finish = None
+            async for chunk in stream:
+                finish = chunk.choices[0].finish_reason or finish
+            return finish
+
+        try:
+            return list(await asyncio.gather(*(chat(n) for n in range(count))))
+        finally:
+            await client.close()
+
+    async def main() -> list[str | None]:
+        counts = [200 // 16 + (i < 200 % 16) for i in range(16)]
+        results = await asyncio.gather(*(task(i, c) for i, c in enumerate(counts)))
+        return [finish for per_task in results for finish in per_task]
+
+    started = time.monotonic()
+    finishes = asyncio.run(main())
+    assert len(finishes) == 200 and all(f in ("stop", "length") for f in finishes), finishes
+    assert httpx.get(url + "/health").status_code == 200
+    values = metric_values(url)
+    assert values[("sangam:num_requests_running", ())] == 0
+    assert values[("sangam:num_requests_waiting", ())] == 0
+    print(f"200 streaming chats: {time.monotonic() - started:.1f} s")
+
+
+def test_a_client_that_disconnects_frees_its_pages(server: tuple[str, Path]) -> None:
+    url, logs = server
+    with scheduler(logs) as grpc_client:
+        before = grpc_client.status()
+        body = {"prompt": "a long one", "max_tokens": MASK_LEN, "stream": True, "forwards_per_block": 32}
+        with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH, timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line).startswith("data: ")  # the first block is in
+            deadline = time.monotonic() + 10
+            while metric_values(url)[("sangam:kv_cache_usage_perc", (("worker", "0"),))] == 0:
+                assert time.monotonic() < deadline, "the request's next block never held pages"
+        deadline = time.monotonic() + 10
+        while (status := grpc_client.status()).errors == before.errors:
+            assert time.monotonic() < deadline, "the request was not cancelled"
+            time.sleep(0.05)
+        assert status.done == before.done  # cancelled, not finished
+        deadline = time.monotonic() + 10
+        while metric_values(url)[("sangam:kv_cache_usage_perc", (("worker", "0"),))] != 0:
+            assert time.monotonic() < deadline, "the worker kept the cancelled request's pages"
+            time.sleep(0.05)
+    values = metric_values(url)
+    assert values[("sangam:request_success_total", (("finished_reason", "abort"),))] >= 1
+    assert values[("sangam:num_requests_running", ())] == 0
+
+
+def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "results"
+    args = ["--workers", "1", "--port", str(port), "--mask-len", "256", "--out", str(out)]
+    args += ["--drain-timeout", "60"]
+    process = start_serve(args, tmp_path / "out.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", process, timeout=120)
+    children = descendants(process.pid)
+    assert children  # the scheduler and the worker
+    body = {"prompt": "drain me", "max_tokens": 256, "stream": True, "forwards_per_block": 32}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        lines = (line for line in response.iter_lines() if line)
+        first = next(lines)
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while (refused := httpx.post(url + "/v1/completions", json={"prompt": "late"})).status_code != 503:
+            assert time.monotonic() < deadline
+        assert "shutting down" in refused.json()["error"]["message"]
+        rest = list(lines)
+    chunks = [json.loads(line.removeprefix("data: ")) for line in [first, *rest[:-1]]]
+    assert rest[-1] == "data: [DONE]"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert process.wait(60) == 0
+    assert not wait_gone(children, 10), "a scheduler or worker outlived sangam serve"
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == 2  # header and the drained request

@@ -35,6 +35,7 @@ from serve.metrics import CONTENT_TYPE, Metrics
 from serve.tokenizer import Message, TextTokenizer
 
 RETRY_AFTER_S = 1
+REQUEST_ID_HEADER = "x-sangam-request-id"
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
@@ -76,6 +77,11 @@ class Job:
     prompt_tokens: int
     max_tokens: int
     started: float  # monotonic, when the HTTP request arrived
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The scheduler's id of the request (its row in `--out`'s requests.csv)."""
+        return {REQUEST_ID_HEADER: str(self.request_id)}
 
 
 class Output:
@@ -175,7 +181,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         prompt = completion_prompt(body.prompt, tokenizer)
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-        output = Output(tokenizer, limits.eos_ids, job.max_tokens)
+        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens)
 
         def chunk(text: str, finish: str | None) -> api.CompletionChunk:
             choice = api.CompletionChoice(text=text, finish_reason=finish)
@@ -190,7 +196,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         return JSONResponse(
             api.CompletionResponse(
                 id=rid, created=created, model=name, choices=[choice], usage=usage(job, output)
-            ).model_dump()
+            ).model_dump(),
+            headers=job.headers,
         )
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -208,7 +215,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         prompt = tokenizer.chat_prompt([Message(m.role, m.text) for m in body.messages])
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-        output = Output(tokenizer, limits.eos_ids, job.max_tokens)
+        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens)
         first = True
 
         def chunk(text: str, finish: str | None) -> api.ChatChunk:
@@ -226,7 +233,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         )
         return JSONResponse(
             api.ChatResponse(id=rid, created=created, model=name, choices=[choice], usage=usage(job, output))
-            .model_dump()
+            .model_dump(), headers=job.headers,
         )  # fmt: skip
 
     # ---- admission ------------------------------------------------------------------------------------
@@ -327,7 +334,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                 yield data({"error": json.loads(bytes(err.response().body))["error"]})
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream", headers=job.headers)
 
     def later(coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` to its end even if the task that started it is being cancelled."""

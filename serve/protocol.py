@@ -5,7 +5,10 @@ vLLM does. The dLLM's own knobs are extra fields of both requests:
 
 - `threshold`: the confidence threshold of unmasking, in (0, 1] (the server's default: 0.9);
 - `forwards_per_block`: force every 32-token block to take exactly this many forwards (1..32),
-  instead of the sampler deciding; the request then runs all its blocks (the text is still cut at EOS).
+  instead of the sampler deciding; the request then runs all its blocks (the text is still cut at EOS);
+- `ignore_eos` (vLLM's): the text is not cut at EOS (with `forwards_per_block`, the request then runs
+  exactly `max_tokens` tokens, as benchmarks want; without it the scheduler still ends the request after
+  the block that commits EOS).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     threshold: float | None = Field(None, gt=0.0, le=1.0)
     forwards_per_block: int | None = Field(None, ge=1, le=32)
+    ignore_eos: bool = False  # vLLM's: the text runs to max_tokens through any EOS (benchmarks)
 
     @property
     def include_usage(self) -> bool:

@@ -63,11 +63,19 @@ def test_eos_stops_the_text_with_finish_reason_stop() -> None:
         reply = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=128
         )
+        through = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 64, "ignore_eos": True})
+    assert through.json()["choices"][0] == {
+        "index": 0,
+        "text": "A" * 32 + "B" * 5 + "C" * 26,
+        "logprobs": None,
+        "finish_reason": "length",
+    }  # the EOS itself decodes to nothing
     assert reply.choices[0].message.content == "A" * 32 + "B" * 5
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage is not None and reply.usage.completion_tokens == 38  # the EOS counts
+    assert through.headers["x-sangam-request-id"] == str(len(backend.submitted) - 1)
     prompt = TOKENIZER.chat_prompt([Message("user", "hi")])
-    assert backend.submitted[-1].prompt == tuple(prompt) and prompt[-3:] != [EOS]
+    assert backend.submitted[0].prompt == tuple(prompt) and prompt[-3:] != [EOS]
 
 
 def test_stream_sends_one_chunk_per_block_then_usage_then_done(fake: tuple[str, FakeBackend]) -> None:

@@ -11,7 +11,7 @@ Routing is not instantaneous in a live deployment: a block's end reaches the cen
 report, and its re-prefill reaches a worker in a message, by which time a busy worker has started its
 next iteration without it. `control_s` charges that delay to every dispatch.
 
-Failures (`Failure(worker, at)`): the worker's process stops where it is, so its iteration in flight
+Failures (`Failure(worker, at)`): the worker stops where it is, so its iteration in flight
 is lost, and the router's `on_worker_lost` sends its requests back to routing; `Drop` actions make
 the other ends forget their part, `Fail` ends a request. With `restart_after_s` the worker comes back
 that long after, empty (`on_worker_joined`). A dispatch still in its control delay, or a transfer in
@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 import simpy
+from simpy.events import URGENT
 
 from sangam.batcher import BatchConfig, Batcher, Microbatch, Outcome
 from sangam.cost import CostModel
@@ -37,7 +38,6 @@ from sangam.request import Request
 from sangam.results import iteration_row
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
-LOST = object()  # the cause of the interrupt that stops a lost worker's process
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,34 +71,54 @@ class ClusterConfig:
             raise ValueError(f"the control-plane delay must be non-negative, got {self.control_s}")
 
 
+class _Urgent(simpy.Event):
+    """An event of this instant processed before the ordinary ones (as SimPy's process starts and
+    interrupts are), calling `callback`."""
+
+    def __init__(self, env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
+        super().__init__(env)
+        self.callbacks.append(callback)
+        self._ok = True
+        self._value = None
+        env.schedule(self, URGENT)
+
+
 class SimWorker:
-    """One GPU worker: the Batcher driven by simulated time."""
+    """One GPU worker: the Batcher driven by simulated time.
+
+    The worker is a state machine on the event queue rather than a SimPy process (a generator): the
+    same events at the same instants and in the same order as the process it replaces (a start event,
+    an idle wake-up, an urgent cut of a decode stretch, a timeout per microbatch), without a generator
+    resumed or an exception thrown per event."""
 
     def __init__(self, cluster: Cluster, worker: int, batcher: Batcher) -> None:
         self.cluster = cluster
         self.env = cluster.env
         self.id = worker
         self.batcher = batcher
-        self._idle: simpy.Event | None = None  # set while waiting for work
+        self._idle = False  # waiting for work
         self._in_run = False  # inside a multi-iteration decode stretch
         self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
+        self._until: simpy.Event | None = None  # the timeout that ends the microbatch in flight
         self.alive = True
-        self._process = self.env.process(self._loop())
+        _Urgent(self.env, self._resume)
 
     def wake(self) -> None:
         """New work for this worker: end an idle wait, or cut a decode stretch short."""
         if not self.alive:
             return
-        if self._idle is not None:
-            self._idle.succeed()
-            self._idle = None
+        if self._idle:
+            self._idle = False
+            event = self.env.event()
+            event.callbacks.append(self._resume)
+            event.succeed()
         elif self._in_run:
             self._in_run = False
-            self._process.interrupt()
+            _Urgent(self.env, self._cut)
 
     def kill(self) -> None:
-        """The worker is lost: its process stops where it is, and the iteration in flight with it.
-        Iterations of a decode stretch that ended before it still count (no block ends inside one)."""
+        """The worker is lost: it stops where it is, and the iteration in flight with it. Iterations
+        of a decode stretch that ended before it still count (no block ends inside one)."""
         self.alive = False
         if self._flight is not None:
             start, step, mb, run = self._flight
@@ -108,48 +128,59 @@ class SimWorker:
                 self.cluster.iterations += done
                 if self.cluster.log is not None:
                     self.cluster.log_iterations(self.id, start, step, self.batcher.repeated(mb, done))
-        if self._process.is_alive:
-            self._process.interrupt(LOST)
 
-    def _loop(self) -> Generator[simpy.Event, Any, None]:
-        try:
-            yield from self._serve()
-        except simpy.Interrupt as stop:
-            if stop.cause is not LOST:
-                raise
+    def _resume(self, _: object) -> None:
+        """Started, or woken from idle (`_`: the event)."""
+        if self.alive:
+            self._next()
 
-    def _serve(self) -> Generator[simpy.Event, Any, None]:
-        env, batcher, cluster = self.env, self.batcher, self.cluster
-        seconds, timeout, logging = cluster.cost.seconds, env.timeout, cluster.log is not None
-        while True:
-            if not batcher.has_work:
-                self._idle = env.event()
-                yield self._idle
-                continue
-            start = env.now
-            mb = batcher.next_microbatch(start)
-            step = seconds(mb)
-            run = batcher.run_length(mb)
-            self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
-            self._flight = (start, step, mb, run)
-            try:
-                yield timeout(run * step)
-                self._in_run = False
-            except simpy.Interrupt as cut:  # `wake` during the stretch: stop after the iteration in flight
-                if cut.cause is LOST:
-                    raise
-                run = min(run, max(1, math.ceil((env.now - start) / step)))
-                self._flight = (start, step, mb, run)
-                # work that arrives on a boundary: start + run * step can round a few ulps below now
-                yield timeout(max(0.0, start + run * step - env.now))
-            self._flight = None
-            cluster.iterations += run
-            if logging:
-                cluster.log_iterations(self.id, start, step, batcher.repeated(mb, run))
-            now = env.now
-            outcome = batcher.complete(mb, now, run)
-            if outcome.prefilled or outcome.finished:
-                cluster.on_iteration(now, self.id, outcome)
+    def _next(self) -> None:
+        """Form the next microbatch and wait out its time, or wait for work."""
+        batcher = self.batcher
+        if not batcher.has_work:
+            self._idle = True
+            return
+        start = self.env.now
+        mb = batcher.next_microbatch(start)
+        step = self.cluster.cost.seconds(mb)
+        run = batcher.run_length(mb)
+        self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
+        self._flight = (start, step, mb, run)
+        self._wait(run * step)
+
+    def _wait(self, delay: float) -> None:
+        until = self._until = self.env.timeout(delay)
+        until.callbacks.append(self._landed)
+
+    def _cut(self, _: object) -> None:
+        """`wake` during a decode stretch: stop after the iteration in flight."""
+        if not self.alive:
+            return
+        assert self._flight is not None
+        start, step, mb, run = self._flight
+        now = self.env.now
+        run = min(run, max(1, math.ceil((now - start) / step)))
+        self._flight = (start, step, mb, run)
+        # work that arrives on a boundary: start + run * step can round a few ulps below now
+        self._wait(max(0.0, start + run * step - now))
+
+    def _landed(self, event: object) -> None:
+        """The microbatch in flight ended (`event`: its timeout; one a cut replaced is void)."""
+        if event is not self._until or not self.alive:
+            return
+        self._in_run = False
+        assert self._flight is not None
+        start, step, mb, run = self._flight
+        self._flight = None
+        cluster = self.cluster
+        cluster.iterations += run
+        if cluster.log is not None:
+            cluster.log_iterations(self.id, start, step, self.batcher.repeated(mb, run))
+        now = self.env.now
+        outcome = self.batcher.complete(mb, now, run)
+        if outcome.prefilled or outcome.finished:
+            cluster.on_iteration(now, self.id, outcome)
+        self._next()
 
 
 class Cluster:

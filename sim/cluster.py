@@ -39,7 +39,6 @@ from sangam.results import iteration_row
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
 
-
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A pairwise GPU link: transfer time = bytes / bandwidth + latency."""

@@ -20,11 +20,12 @@ def main() -> None:
 
     import streamlit as st
 
-    from app import explore, live_compare
+    from app import explore, live_compare, search_page
 
     st.set_page_config(page_title="Sangam what-if explorer", layout="wide")
     pages = [
         st.Page(explore.main, title="What-if explorer", url_path="explore", default=True),
+        st.Page(search_page.main, title="Capacity under an SLO", url_path="search"),
         st.Page(live_compare.main, title="Simulated vs live", url_path="live"),
     ]
     st.navigation(pages).run()

@@ -108,6 +108,34 @@ def test_a_comparison_renders_plotly_charts_in_chromium(server_url: str) -> None
             browser.close()
 
 
+@needs_chromium
+def test_the_search_page_ranks_layouts_in_chromium(server_url: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(f"{server_url}/search", wait_until="domcontentloaded")
+            run = page.get_by_role("button", name="Find the capacity")
+            run.wait_for(timeout=30_000)
+            for label, value in (("GPUs", "2"), ("Requests per probe", "40"), ("precision", "0.5")):
+                box = page.get_by_label(label, exact=True)
+                box.fill(value)
+                box.press("Enter")
+            page.get_by_role("textbox", name="Layouts").fill("2C, 1C")
+            page.get_by_role("textbox", name="SLOs").fill("mean_e2el_s=3")
+            run.click()
+            page.locator(".js-plotly-plot .barlayer .trace").first.wait_for(timeout=90_000)
+            assert page.locator(".js-plotly-plot").count() == 2  # the answers and the probes
+            assert page.get_by_text("Best configuration").count() == 1
+            assert page.get_by_text("2C τ1024 θ8192").count() >= 1
+            assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+            assert page.locator('[data-testid="stException"]').count() == 0
+        finally:
+            browser.close()
+
+
 # --- `sangam app` and its signals ------------------------------------------------------------------------
 
 Process = tuple[int, str]  # pid and start time (clock ticks since boot): a reused pid is another process

@@ -1,0 +1,91 @@
+"""The explorer's search page through Streamlit's AppTest: a small search ranked and drawn with its CSVs,
+the same answers as `sangam search`, and bad input answered with a message in the page."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.capacity import CapacityQuery, probes_frame, ranking_frame, run_query
+from cli.main import main
+
+PAGE = """
+if __name__ == "__main__":  # the search's spawned workers re-import this script
+    from app.search_page import main
+
+    main()
+"""
+SMALL = {
+    "s_gpus": 2,
+    "s_layouts": "2C, 1C",
+    "s_requests": 60,
+    "s_slos": "mean_e2el_s=3",
+    "s_granularity": 0.5,
+}
+
+
+def search_page(**values: Any) -> AppTest:
+    at = AppTest.from_string(PAGE, default_timeout=120)
+    at.run()
+    assert not at.exception
+    at.selectbox(key="s_cost").set_value("analytic")
+    for key, value in values.items():
+        kind = "text_input" if isinstance(value, str) else "number_input"
+        getattr(at, kind)(key=key).set_value(value)
+    at.button[0].click().run()
+    return at
+
+
+def test_a_search_is_ranked_and_drawn_with_its_csvs() -> None:
+    at = search_page(**SMALL)
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 2  # the answers, the probes of the one SLO
+    assert [b.proto.label for b in at.get("download_button")] == [
+        "Download max_qps_under_slo.csv", "Download probes_0.csv"
+    ]  # fmt: skip
+    table = at.dataframe[0].value
+    assert list(table["layout"]) == ["2C", "1C"] and list(table["rank"]) == [1, 2]
+    assert table["max_qps_under_slo"].iloc[0] > table["max_qps_under_slo"].iloc[1] > 0
+    assert at.metric[0].value == "2C τ1024 θ8192"
+
+
+def test_the_page_answers_as_sangam_search_does(tmp_path: Path) -> None:
+    query = CapacityQuery(gpus=2, layouts="2C 1P1C", num_requests=30, slos="mean_e2el_s=3, p99_e2el_s=8",
+                          granularity=0.5, seeds="0, 1", cost="analytic")  # fmt: skip
+    capacity = run_query(query)
+    out = tmp_path / "search.csv"
+    argv = ["search", "--gpus", "2", "--layouts", "2C", "1P1C", "--num-requests", "30", "--cost", "analytic",
+            "--slo", "mean_e2el_s=3", "--slo", "p99_e2el_s=8", "--granularity", "0.5", "--seeds", "0", "1",
+            "--jobs", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    cli = list(csv.DictReader(out.open()))
+    page = ranking_frame(capacity)
+    assert [(r["layout"], float(r["max_qps_under_slo"]), r["probes"]) for r in cli] == list(
+        zip(page["layout"], page["max_qps_under_slo"], page["probes"], strict=True)
+    )
+    probes = probes_frame(capacity)
+    assert len(probes) == sum(len(a.probes) for a in capacity.answers)
+    met = probes[probes["met"]]
+    assert (met["mean_e2el_s=3"] <= 3).all() and (met["p99_e2el_s=8"] <= 8).all()  # seconds, as written
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"s_slos": "p99_latency_s=3"}, "unknown SLO metric"),
+        ({"s_slos": ""}, "at least one"),
+        ({"s_layouts": "5X"}, "layouts"),
+        ({"s_budgets": "big"}, "τ"),
+        ({"s_start": 8.0, "s_max": 4.0}, "start QPS"),
+    ],
+)
+def test_bad_input_is_a_message_in_the_page(values: dict[str, Any], message: str) -> None:
+    at = search_page(**{**SMALL, **values})
+    assert not at.exception
+    assert (
+        len(at.error) == 1 and message in at.error[0].value and "Cannot run this search" in at.error[0].value
+    )

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from calib.claims import judge, outcome_row, read_claims, write_outcomes
     from calib.figures import PLOTS
     from calib.reproduce import ReproduceOptions, run_tasks, tasks
-    from profiles.testbeds import choose_testbed, testbed_path
+    from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_path
 
     options = collect(ReproduceOptions, args)
     testbed = choose_testbed(args.testbed, None)
@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     figures = list(dict.fromkeys(options.figures))
     claims = [c for c in read_claims() if c.figure in figures]
     work = tasks(source, figures, [p for c in claims for p in c.points], args.num_requests, args.seed)
+    for model in sorted({t.key.model for t in work}):  # refused here, before any point runs
+        testbed_cost_model(testbed, model)
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
@@ -57,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
     write_points(results, out / "points.csv")
     print_table([outcome_row(o) for o in outcomes])
     held = [o.holds for o in outcomes if o.holds is not None]
+    busy = sum(r.summary["sim_wall_s"] for r in results.values())
     print(
         f"\n{len(work)} points on testbed {testbed.name}, {args.num_requests} requests each, "
-        f"seed {args.seed}, in {wall:.0f} s on {options.jobs} processes; "
+        f"seed {args.seed}, in {wall:.0f} s on {options.jobs} processes ({busy:.0f} s of simulation); "
         f"orderings that hold: {sum(held)} of {len(held)}"
     )
     print(f"wrote {', '.join(p.name for p in paths)}, claims.csv and points.csv to {out}")

@@ -106,3 +106,23 @@ def test_fit_blocks_measures_forwards_from_a_live_threshold_run(tmp_path: Path) 
     summary["config"]["unmask"] = "schedule"
     (run / "summary.json").write_text(json.dumps(summary))
     assert main(["fit", "--blocks", str(run), "--out", str(out)]) == 2
+
+
+def test_paper_h100_is_reference_h100_fitted_to_the_shipped_figure_8_targets() -> None:
+    import hashlib
+
+    from calib.targets import read_targets
+
+    paper, base = load_testbed("paper-h100"), load_testbed("reference-h100")
+    targets = Path(__file__).parent.parent / "calib" / "data" / "figure8-targets.csv"
+    assert paper.fit is not None and paper.fit["base"] == "reference-h100 v1"
+    assert paper.fit["targets_sha256"] == hashlib.sha256(targets.read_bytes()).hexdigest()
+    assert all(t.quote.startswith("Section 6.2:") for t in read_targets(targets))
+    for pair in (("llada-8b", "sharegpt"), ("llada-8b", "arxiv")):
+        record = paper.fit["pairs"]["/".join(pair)]
+        assert paper.progress[pair].spec == f"betabinom:{record['mean']:.4g}:{record['std']:.4g}"
+        assert "fitted by sangam fit" in paper.progress[pair].source
+    assert paper.progress[("dream-7b", "arxiv")] == base.progress[("dream-7b", "arxiv")]
+    assert (paper.gpu, paper.profile_data, paper.kv_pages, paper.arrival) == (
+        base.gpu, base.profile_data, base.kv_pages, base.arrival,
+    )  # fmt: skip

@@ -25,7 +25,7 @@ import grpc.aio
 
 from executor import codec, rpc
 from executor.auth import metadata
-from executor.messages import ClusterStatus, Submission
+from executor.messages import ClusterStatus, Submission, WorkerExit
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 
@@ -182,10 +182,10 @@ class SangamClient:
         reply: pb.StatusReply = self._call("Status", self._stub.Status, pb.StatusRequest())
         return reply
 
-    def results(self) -> list[pb.RequestRecord]:
-        """Timing records of every finished request."""
+    def results(self, first: int = 0) -> list[pb.RequestRecord]:
+        """Timing records of every finished request, from the `first`-th on (in order of their end)."""
         reply = self._call(
-            "Results", self._stub.Results, pb.ResultsRequest(), timeout=max(self.timeout, 60.0)
+            "Results", self._stub.Results, pb.ResultsRequest(first=first), timeout=max(self.timeout, 60.0)
         )
         return list(reply.requests)
 
@@ -293,3 +293,20 @@ class AsyncSangamClient:
 def _code(err: grpc.RpcError) -> str:
     code = getattr(err, "code", None)  # grpc.Call and grpc.aio.AioRpcError
     return code().name if callable(code) else ""
+
+
+def report_worker_exit(
+    control: str, exit: WorkerExit, secret: str, timeout: float = rpc.CALL_TIMEOUT_S
+) -> bool:
+    """Tell the scheduler's Control port (`control`) that a worker's process ended (the launcher does,
+    with the run's `secret`); False if the scheduler could not be told."""
+    channel = rpc.channel(control)
+    try:
+        pb_grpc.ControlStub(channel).WorkerExited(
+            codec.exit_to_pb(exit), timeout=timeout, metadata=metadata(secret)
+        )
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+    return True

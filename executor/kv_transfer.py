@@ -371,6 +371,7 @@ class LinkThread:
         self.packer: KVPacker | None = None
         self.ready = threading.Event()
         self.failure = ""
+        self.build_first = True  # build generation 0 at start (a restarted worker builds when first used)
         self._jobs: queue.SimpleQueue[TransferJob | None] = queue.SimpleQueue()
         kind = "send" if self.sending else "recv"
         self.thread = threading.Thread(target=self._run, name=f"kv-{kind}-{link.peer}", daemon=True)
@@ -388,7 +389,8 @@ class LinkThread:
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         try:
-            self.link.ensure(0)
+            if self.build_first:
+                self.link.ensure(0)
         except TransferError as err:
             self.failure = str(err)
         finally:
@@ -478,9 +480,12 @@ class KVTransfers:
             return self.config.timeout_s + 0.5
         return 0.0
 
-    def connect(self) -> None:
-        """Build every link's first group (all in parallel); RuntimeError naming the first that failed."""
+    def connect(self, build: bool = True) -> None:
+        """Build every link's first group (all in parallel); RuntimeError naming the first that failed.
+        Without `build` (a restarted worker: its peers' groups with its old process are dead), each link
+        is built at the generation of its first transfer, which the scheduler raised when it was lost."""
         for thread in self.links.values():
+            thread.build_first = build
             thread.start()
         deadline = time.monotonic() + self.config.setup_timeout_s + 5.0
         for (_, peer), thread in sorted(self.links.items()):

@@ -5,6 +5,12 @@ launcher, and exits by itself if the launcher disappears; its stderr goes to a l
 something failed. The launcher makes the run's secret (`executor.auth`) and hands it to each child in its
 stdin spec, never on the command line or in the environment.
 
+Once the cluster is up, a dead worker does not end the run: a watch thread tells the scheduler
+(`Control.WorkerExited`), which recovers the worker's requests, and with `restart_workers` starts a new
+process for it on the same device, which registers again and takes work. A worker the scheduler declared
+lost while its process lives on (stopped, hung) is killed first when it is to be restarted, and otherwise
+left fenced (it stops once it finds its reports refused). Only the scheduler's exit is fatal.
+
 Imports only the standard library and `sangam` at import time; the client loads lazily.
 """
 
@@ -22,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -79,6 +85,8 @@ class ClusterSpec:
     transfer_timeout: float = 30.0
     transfer_attempts: int = 3
     dist_timeout: float = 120.0
+    restart_workers: bool = False  # a dead (or lost) worker gets a new process on its device
+    worker_timeout: float = 30.0  # a worker holding work that has not reported for this long is lost
     fault_stall_recv: int | None = None  # tests: every worker stalls this request's KV receives
     api_key: str | None = field(default=None, repr=False)  # required on the client port when set
     stop_at_eos: bool = (
@@ -130,21 +138,32 @@ def visible_gpus() -> int:
 # ---- the processes -----------------------------------------------------------------------------------
 
 
+WATCH_INTERVAL_S = 0.1  # how often the watch thread looks at the workers' processes
+LOST_EVERY = 5  # and, with restarts, every this many looks, the scheduler's lost workers
+
+
 @dataclass(slots=True)
 class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    worker: int | None = None  # the worker id of a worker process
+    reported: bool = False  # its exit was told to the scheduler
 
-    def last_line(self) -> str:
+    def exit_reason(self, code: int) -> str:
+        """How the process ended, as a phrase: the signal that killed it, or its status and the error
+        line it printed last (only a line it wrote as its error, never some older log line)."""
+        if code < 0:
+            with suppress(ValueError):
+                return f"was killed by {signal.Signals(-code).name}"
         self.log_file.flush()
         try:
-            lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines()]
+            lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
-            return ""
-        lines = [line for line in lines if line]
-        return lines[-1] if lines else ""
+            lines = []
+        errors = [line.strip() for line in lines if ": error: " in line]
+        return f"exited with status {code}" + (f" ({errors[-1]})" if errors else "")
 
 
 class LocalCluster:
@@ -155,12 +174,19 @@ class LocalCluster:
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="sangam-live-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.children: list[Child] = []
+        self.children: list[Child] = []  # every process started, restarted workers' old ones included
         self.secret = secrets.token_hex(32)  # the run's secret: between scheduler and workers
         self.address = ""
+        self.control = ""  # the scheduler's Control port (the launcher reports worker exits there)
         self.client: SangamClient | None = None
+        self.restarts = 0  # worker processes started again
+        self.exits: list[str] = []  # worker processes that ended during the run, one line each
+        self._launches: dict[int, WorkerLaunch] = {}
         self._stopping = False
         self._stopped = False
+        self._watch: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self._children_lock = threading.Lock()
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -188,6 +214,7 @@ class LocalCluster:
             host=spec.host, port=spec.port, ready_file=str(ready_file), secret=self.secret,
             api_key=spec.api_key,
             iteration_log=str(spec.iteration_log) if spec.iteration_log is not None else None,
+            restart_workers=spec.restart_workers, worker_timeout=spec.worker_timeout,
         )  # fmt: skip
         dist_port = free_port() if layout.kind is not Kind.COLOCATED else 0
         self._spawn("scheduler", "executor.scheduler", scheduler, {})
@@ -197,7 +224,7 @@ class LocalCluster:
                 raise LiveError(f"the scheduler did not start within {timeout:g} s (logs: {self.log_dir})")
             time.sleep(0.02)
         info = json.loads(ready_file.read_text())
-        self.address = info["address"]
+        self.address, self.control = info["address"], info["control"]
         for index, worker in enumerate(spec.workers):
             launch = WorkerLaunch(
                 worker_id=index, scheduler=info["control"], model=spec.model, weights=spec.weights,
@@ -209,7 +236,8 @@ class LocalCluster:
                 transfer_timeout=spec.transfer_timeout, dist_timeout=spec.dist_timeout,
                 fault_stall_recv=spec.fault_stall_recv,
             )  # fmt: skip
-            self._spawn(f"worker {index}", "executor.worker", launch, worker.env)
+            self._launches[index] = launch
+            self._spawn(f"worker {index}", "executor.worker", launch, worker.env, index)
         # the api key opens every client call; without one, the secret opens the client port's Shutdown
         self.client = SangamClient(self.address, api_key=spec.api_key or self.secret)
         while True:
@@ -222,6 +250,8 @@ class LocalCluster:
                 if status.failure:
                     raise LiveError(status.failure)
                 if status.ready:
+                    self._watch = threading.Thread(target=self._watch_workers, name="watch", daemon=True)
+                    self._watch.start()
                     return status
             if time.monotonic() > deadline:
                 registered = status.workers_registered if status is not None else 0
@@ -232,7 +262,12 @@ class LocalCluster:
             time.sleep(0.05)
 
     def _spawn(
-        self, name: str, module: str, launch: SchedulerLaunch | WorkerLaunch, extra_env: dict[str, str]
+        self,
+        name: str,
+        module: str,
+        launch: SchedulerLaunch | WorkerLaunch,
+        extra_env: dict[str, str],
+        worker: int | None = None,
     ) -> None:
         """Start `python -m module` with `launch` written to its stdin."""
         env = dict(os.environ)
@@ -240,7 +275,8 @@ class LocalCluster:
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", str(self.spec.threads))
         env.update(extra_env)
-        log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
+        restart = f"-restart{self.restarts}" if worker is not None and self.restarts else ""
+        log_path = self.log_dir / f"{name.replace(' ', '-')}{restart}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", module],
@@ -253,18 +289,65 @@ class LocalCluster:
         assert proc.stdin is not None
         with proc.stdin:
             proc.stdin.write(encode(launch))
-        self.children.append(Child(name, proc, log_path, log_file))
+        with self._children_lock:
+            self.children.append(Child(name, proc, log_path, log_file, worker))
 
     def check(self) -> None:
-        """Raise LiveError if any process has exited."""
+        """Raise LiveError if the scheduler has exited (or, before the cluster is up, any process)."""
         if self._stopping:
             return
-        for child in self.children:
+        with self._children_lock:
+            children = self.children if self._watch is None else self.children[:1]
+        for child in children:
             code = child.proc.poll()
             if code is not None:
-                last = child.last_line()
-                detail = f": {last}" if last else ""
-                raise LiveError(f"{child.name} exited with status {code}{detail} (logs: {self.log_dir})")
+                raise LiveError(f"{child.name} {child.exit_reason(code)} (logs: {self.log_dir})")
+
+    # ---- the watch thread: lost and dead workers ------------------------------------------------------
+
+    def _watch_workers(self) -> None:
+        """Tell the scheduler of every worker process that ended; restart it if asked. With restarts, a
+        worker declared lost whose process lives on (stopped, hung) is killed first."""
+        from executor.client import SangamError, report_worker_exit
+        from executor.messages import WorkerExit
+
+        looks = 0
+        while not self._watch_stop.wait(WATCH_INTERVAL_S):
+            looks += 1
+            for child in self._workers():
+                code = child.proc.poll()
+                if code is None or child.reported:
+                    continue
+                assert child.worker is not None
+                child.reported = True
+                why = child.exit_reason(code)
+                self.exits.append(f"{child.name} (pid {child.proc.pid}) {why}")
+                if not report_worker_exit(
+                    self.control, WorkerExit(child.worker, child.proc.pid, why), self.secret
+                ):
+                    return  # the scheduler is gone: `check` says so
+                if self.spec.restart_workers and not self._watch_stop.is_set():
+                    self._restart(child.worker)
+            if self.spec.restart_workers and looks % LOST_EVERY == 0:
+                with suppress(SangamError):
+                    self._kill_lost()
+
+    def _workers(self) -> list[Child]:
+        with self._children_lock:
+            return [c for c in self.children if c.worker is not None]
+
+    def _restart(self, worker: int) -> None:
+        self.restarts += 1
+        launch = replace(self._launches[worker], rejoin=True)
+        self._spawn(f"worker {worker}", "executor.worker", launch, self.spec.workers[worker].env, worker)
+
+    def _kill_lost(self) -> None:
+        assert self.client is not None
+        lost = {w.pid for w in self.client.status().workers if w.lost}
+        for child in self._workers():
+            if child.proc.pid in lost and child.proc.poll() is None:
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
 
     @property
     def pids(self) -> list[int]:
@@ -275,6 +358,9 @@ class LocalCluster:
         if self._stopped:
             return
         self._stopping = True
+        self._watch_stop.set()
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout=5.0)
         with _ignoring_sigint():
             try:
                 if self.client is not None and self.children and self.children[0].proc.poll() is None:

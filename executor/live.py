@@ -23,7 +23,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from executor.launcher import (
     sigterm_as_interrupt,
     visible_gpus,
 )
+from executor.live_collect import Collector
 from executor.live_models import TINY_PAGES, lookup_live_model
 from executor.live_options import CPU_NUM_REQUESTS, SERVE_PORT, LiveOptions
 from executor.live_tally import LiveTally
@@ -47,6 +48,7 @@ from sangam.layout import Kind, parse_mode
 from sangam.outdir import point_dirs
 from sangam.progress import ProgressModel
 from sangam.request import Request
+from sangam.results import write_results
 from sangam.tally import Watcher
 from sangam.workload import TraceRow
 
@@ -169,6 +171,8 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         dist_timeout=args.dist_timeout,
         api_key=args.api_key,
         stop_at_eos=not random_weights,
+        restart_workers=args.restart_workers,
+        worker_timeout=args.worker_timeout,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")
     return LivePlan(
@@ -196,17 +200,41 @@ def replay(
     vocab: int,
     mask_id: int,
     poll: Callable[[], None] = lambda: None,
+    ids: dict[int, int] | None = None,
 ) -> dict[int, int]:
-    """Submit every request at its arrival time; scheduler id -> request index. `poll` runs while it
-    waits (a progress watcher's)."""
+    """Submit every request at its arrival time; scheduler id -> request index (into `ids`, filled as
+    the submissions are answered, also when the replay ends early). `poll` runs while it waits (a
+    progress watcher's)."""
+    ids = {} if ids is None else ids
+    in_flight: deque[tuple[int, Any]] = deque()
+    try:
+        _submit_all(cluster, plan, requests, vocab, mask_id, poll, ids, in_flight)
+        while in_flight:
+            index, future = in_flight.popleft()
+            ids[_submitted(cluster, index, future).request_id] = index
+    finally:  # an early end: the submissions answered meanwhile still count
+        for index, future in in_flight:
+            if future.done() and future.exception() is None:
+                ids[future.result().request_id] = index
+    return ids
+
+
+def _submit_all(
+    cluster: LocalCluster,
+    plan: LivePlan,
+    requests: Sequence[Request],
+    vocab: int,
+    mask_id: int,
+    poll: Callable[[], None],
+    ids: dict[int, int],
+    in_flight: deque[tuple[int, Any]],
+) -> None:
     from executor.proto import sangam_pb2 as pb
 
     assert cluster.client is not None
     cfg = plan.config
     prompts = cfg.rng("prompts")
     seeds = cfg.rng("sampling")
-    pending: list[tuple[int, Any]] = []
-    in_flight: deque[tuple[int, Any]] = deque()
     start = time.monotonic()
     for req in sorted(requests, key=lambda r: (r.arrival, r.id)):
         prompt = [
@@ -226,11 +254,9 @@ def replay(
             poll()
             time.sleep(min(wait, 0.05))
         while len(in_flight) >= MAX_IN_FLIGHT:  # a burst must not exceed the server's concurrent calls
-            _submitted(cluster, *in_flight.popleft())  # a failed call ends the replay here, not at the end
-        future = cluster.client.submit_future(message)
-        in_flight.append((req.id, future))
-        pending.append((req.id, future))
-    return {_submitted(cluster, index, future).request_id: index for index, future in pending}
+            index, future = in_flight.popleft()  # a failed call ends the replay here, not at the end
+            ids[_submitted(cluster, index, future).request_id] = index
+        in_flight.append((req.id, cluster.client.submit_future(message)))
 
 
 def _submitted(cluster: LocalCluster, index: int, future: Any) -> pb.SubmitReply:
@@ -239,8 +265,22 @@ def _submitted(cluster: LocalCluster, index: int, future: Any) -> pb.SubmitReply
         reply: pb.SubmitReply = future.result()
     except Exception as err:
         cluster.check()
+        failure = _failure(cluster)
+        if failure:  # the cluster cannot serve any more: that is the cause
+            raise LiveError(failure) from None
         raise LiveError(f"submitting request {index} failed: {describe(err)}") from None
     return reply
+
+
+def _failure(cluster: LocalCluster) -> str:
+    """The cluster's failure, if the scheduler answers and has one."""
+    from executor.client import SangamError
+
+    assert cluster.client is not None
+    try:
+        return cluster.client.status().failure
+    except SangamError:
+        return ""
 
 
 def describe(err: BaseException) -> str:
@@ -278,9 +318,12 @@ def wait_for_all(
 
 
 def page_leaks(status: pb.StatusReply) -> str:
-    """Empty if every worker has all its pages free and the router's tally agrees; else what is not."""
+    """Empty if every worker has all its pages free and the router's tally agrees; else what is not.
+    A lost worker (and its pages) is out of the books."""
     out = []
     for w in status.workers:
+        if w.lost:
+            continue
         if w.free_pages != w.pages:
             out.append(f"worker {w.worker_id} has {w.free_pages} of {w.pages} pages free")
         if status.layout and "P" in status.layout and w.router_free != status.pages:
@@ -387,11 +430,13 @@ def _replay(
     watch: Watcher | None = None,
 ) -> None:
     """Replay one point; its summary joins `summaries`, whose table is printed, and its results go to
-    `out`, before a failed request or a page leak is raised."""
+    `out`, before a failed request or a page leak is raised. An abnormal end (the scheduler or the
+    cluster failing, no progress, SIGTERM, Ctrl-C) first writes what finished to `out`, marked partial."""
+    from executor.client import SangamError
     from sangam.report import print_sim_table
-    from sangam.results import request_row, summarize, write_results
 
     started = time.monotonic()
+    ids: dict[int, int] = {}
     with _running(plan, args) as (cluster, status):
         assert cluster.client is not None
         print(
@@ -400,37 +445,38 @@ def _replay(
             f"replaying {plural(len(requests), 'request')} at {plan.config.qps:g} QPS",
             file=sys.stderr,
         )
+        collector = Collector(cluster.client)
         tally = LiveTally(cluster.client, watch, len(requests)) if watch is not None else None
-        poll = tally.poll if tally is not None else lambda: None
-        ids = replay(cluster, plan, requests, status.vocab, status.mask_id, poll)
-        wait_for_all(cluster, len(requests), args.stall_timeout, poll)
-        if tally is not None:
-            tally.poll(final=True)
-        final = settle(cluster, SETTLE_S)
-        records = cluster.client.results()
-        finished_ids = {r.request_id for r in records}
-        failed = [cluster.client.poll(rid) for rid in ids if rid not in finished_ids]
-    finished = rebuild(records, ids, output_lens, final.first_arrival)
+
+        def poll() -> None:
+            if out is not None:  # kept for partial results
+                collector.poll()
+            if tally is not None:
+                tally.poll()
+
+        try:
+            replay(cluster, plan, requests, status.vocab, status.mask_id, poll, ids)
+            wait_for_all(cluster, len(requests), args.stall_timeout, poll)
+            if tally is not None:
+                tally.poll(final=True)
+            final = settle(cluster, SETTLE_S)
+            collector.fetch()
+        except (LiveError, SangamError, KeyboardInterrupt) as err:
+            if out is not None:
+                with suppress(SangamError):  # the scheduler may be gone: keep what came before
+                    collector.fetch()
+                _write_partial(
+                    plan, collector, ids, output_lens, len(requests), out, _cause(cluster, err), started
+                )
+            raise
+        done = {r.request_id for r in collector.records}
+        failed = [cluster.client.poll(rid) for rid in ids if rid not in done]
+    finished = rebuild(collector.records, ids, output_lens, final.first_arrival)
     if not finished:
         reason = failed[0].error if failed else "no request finished"
         raise LiveError(f"all {len(requests)} requests failed: {reason}")
-    summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
-    summary.update(
-        failed=len(failed),
-        live_wall_s=time.monotonic() - started,
-        live_iterations=final.iterations,
-        live_workers=[
-            {"worker": w.worker_id, "role": w.role, "pages": w.pages, "free_pages_at_end": w.free_pages}
-            for w in final.workers
-        ],
-        config=plan.resolved(),
-    )
-    if plan.config.layout.kind is not Kind.COLOCATED:
-        summary.update(
-            kv_transfers_done=final.transfers_done,
-            kv_transfers_failed=final.transfers_failed,
-            kv_transfer_retries=final.transfer_retries,
-        )
+    summary = _summary(plan, finished, final, started)
+    summary.update(partial=False, failed=len(failed), unfinished=0)
     if out is not None:
         write_results(out, finished, summary)
     summaries.append(summary)
@@ -440,6 +486,78 @@ def _replay(
     unbalanced = page_leaks(final)
     if unbalanced:
         raise LiveError(f"KV pages not returned at the end: {unbalanced}")
+
+
+def _summary(
+    plan: LivePlan, finished: list[Request], status: pb.StatusReply, started: float
+) -> dict[str, Any]:
+    """The summary of a live run: the simulator's statistics and recovery counts, and the live facts."""
+    from executor.codec import recovery_from_pb
+    from sangam.results import request_row, summarize
+
+    kv_bytes = plan.config.model_spec.kv_bytes_per_token
+    summary = summarize([request_row(r) for r in finished], kv_bytes, recovery_from_pb(status))
+    summary.update(
+        finished=len(finished),
+        live_wall_s=time.monotonic() - started,
+        live_iterations=status.iterations,
+        live_workers=[
+            {
+                "worker": w.worker_id,
+                "role": w.role,
+                "pages": w.pages,
+                "free_pages_at_end": w.free_pages,
+                "lost": w.lost,
+            }
+            for w in status.workers
+        ],
+        config=plan.resolved(),
+    )
+    if plan.config.layout.kind is not Kind.COLOCATED:
+        summary.update(
+            kv_transfers_done=status.transfers_done,
+            kv_transfers_failed=status.transfers_failed,
+            kv_transfer_retries=status.transfer_retries,
+        )
+    return summary
+
+
+def _cause(cluster: LocalCluster, err: BaseException) -> str:
+    """What ended a run, in one line: a failed call's better reason is a process that died."""
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (SIGTERM or Ctrl-C)"
+    if not isinstance(err, LiveError):
+        try:
+            cluster.check()
+        except LiveError as died:
+            return str(died)
+    return str(err)
+
+
+def _write_partial(
+    plan: LivePlan,
+    collector: Collector,
+    ids: dict[int, int],
+    output_lens: list[int],
+    total: int,
+    out: Path,
+    cause: str,
+    started: float,
+) -> None:
+    """The results of a run that ended abnormally: every request finished before the end, and a summary
+    with `"partial": true`, its cause and the counts of finished, failed and unfinished requests."""
+    from executor.proto import sangam_pb2 as pb
+
+    status = collector.status or pb.StatusReply()
+    finished = rebuild(collector.records, ids, output_lens, collector.origin)
+    summary = _summary(plan, finished, status, started)
+    failed = status.errors
+    summary.update(
+        partial=True, partial_cause=cause, failed=failed, unfinished=max(0, total - len(finished) - failed)
+    )
+    write_results(out, finished, summary)
+    print(f"sangam live: the {plural(len(finished), 'request')} finished before the end are in {out}",
+          file=sys.stderr)  # fmt: skip
 
 
 def write_served(plan: LivePlan, cluster: LocalCluster, out: Path) -> int:

@@ -88,6 +88,14 @@ class LiveOptions:
     transfer_timeout: float = option(30.0, "seconds per KV transfer attempt", parse=positive_float)
     transfer_attempts: int = option(3, "attempts per KV transfer before the request ends ERROR",
                                     parse=positive_int)  # fmt: skip
+    restart_workers: bool = option(
+        False, "start a new process for a worker that died (or was declared lost) on its device; it "
+        "registers again and takes work",
+    )  # fmt: skip
+    worker_timeout: float = option(
+        30.0, "declare a worker lost after this many seconds without a report while it holds work",
+        parse=positive_float,
+    )  # fmt: skip
     dist_timeout: float = option(
         120.0, "seconds for the KV rendezvous at start-up and for rebuilding a link", parse=positive_float
     )

@@ -63,6 +63,7 @@ class WorkerLaunch:
     dist_timeout: float = 120.0
     fault_stall_recv: int | None = None  # tests: stall this request's receives
     hang_timeout: float = 300.0  # report unhealthy if one iteration runs this long
+    rejoin: bool = False  # a restarted process: KV links are built when first used, not at start-up
     host: str = "127.0.0.1"
     port: int = 0
     exit_with_parent: bool = True

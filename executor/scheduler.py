@@ -57,6 +57,7 @@ ENQUEUE_ATTEMPTS = 3
 ENQUEUE_BACKOFF_S = 0.1
 HEALTH_INTERVAL_S = 1.0
 HEALTH_FAILURES = 2  # consecutive failed checks that declare a worker lost
+SILENCE_INTERVAL_S = 0.5
 WORKER_TIMEOUT_S = 30.0  # a worker holding work that has not reported for this long is lost
 CLIENT_THREADS = 256  # a parked Stream holds one
 CLIENT_STREAMS = 192  # open Streams at most: CLIENT_THREADS - CLIENT_STREAMS threads stay for unary calls
@@ -167,8 +168,8 @@ class SchedulerCore:
             return
         self.stopped.set()
         with self._links_lock:
-            links = list(self.links.values())
-        for link in links:
+            links = [link for wid, link in self.links.items() if not self.state.workers[wid].lost]
+        for link in links:  # a lost worker's process may not answer; the launcher ends it
             link.outbox.put(None)
             with suppress(grpc.RpcError):
                 link.stub.Shutdown(pb.ShutdownRequest(), timeout=2.0)
@@ -212,6 +213,7 @@ class SchedulerCore:
             self._post(self.state.on_worker_joined, reg.worker_id)
         elif complete:
             self._thread(self._watchdog, "watchdog")
+            self._thread(self._silence_watch, "silence-watch")
             self.on_ready()
         return codec.register_reply(answer)
 
@@ -337,13 +339,18 @@ class SchedulerCore:
             if not delivered:
                 return
 
+    def _silence_watch(self) -> None:
+        """Twice a second: workers holding work that have not reported for `worker_timeout` are lost (on
+        its own thread: a health check of a stopped worker takes its whole deadline)."""
+        while not self.stopped.wait(SILENCE_INTERVAL_S) and not self.state.failure:
+            self._post(self._lose_silent)
+
     def _watchdog(self) -> None:
-        """Each second: every current worker process's health, and the silence of those holding work."""
+        """Each second: the health of every current worker process."""
         failures: dict[WorkerLink, int] = {}
         while not self.stopped.wait(HEALTH_INTERVAL_S):
             if self.state.failure:
                 return
-            self._post(self._lose_silent)
             with self._links_lock:
                 links = [link for wid, link in self.links.items() if not self.state.workers[wid].lost]
             for link in links:
@@ -378,7 +385,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return codec.status_to_pb(self.core.state.status())
 
     def Results(self, request: pb.ResultsRequest, context: grpc.ServicerContext) -> pb.ResultsReply:
-        return pb.ResultsReply(requests=[codec.record_of(req) for req in list(self.core.state.records)])
+        records = self.core.state.records[request.first :]  # appended to only: a slice is a snapshot
+        return pb.ResultsReply(requests=[codec.record_of(req) for req in records])
 
     def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
         threading.Thread(target=self.shutdown, name="shutdown", daemon=True).start()

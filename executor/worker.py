@@ -284,7 +284,7 @@ def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.devic
         device=device,
         stall_request=args.fault_stall_recv,
     )
-    transfers.connect()
+    transfers.connect(build=not args.rejoin)
     return transfers
 
 

@@ -306,8 +306,10 @@ class WorkerState(_message.Message):
     ) -> None: ...
 
 class ResultsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("first",)
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    def __init__(self, first: _Optional[int] = ...) -> None: ...
 
 class BlockTimes(_message.Message):
     __slots__ = (

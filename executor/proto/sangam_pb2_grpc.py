@@ -117,7 +117,7 @@ class SchedulerServicer:
         raise NotImplementedError("Method not implemented!")
 
     def Results(self, request, context):
-        """Timing records of every finished request (for the results files)."""
+        """Timing records of every finished request (for the results files), from the `first`-th on."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")

@@ -303,7 +303,7 @@ def test_a_worker_holding_work_is_lost_after_the_timeout_without_a_report_and_an
 def test_a_drop_issued_after_work_for_the_same_worker_goes_in_the_next_enqueue_call() -> None:
     from executor.scheduler import WorkerLink
 
-    link = WorkerLink(0, "127.0.0.1:1")
+    link = WorkerLink(0, "127.0.0.1:1", "secret")
     a, b = BlockWork(1, 0.0, 0, 20, 64, PROMPT), BlockWork(2, 0.0, 0, 20, 64, PROMPT)
     order = TransferOrder(TransferKind.RELEASE, 0, 1, 3, 0, peer=1, pages=6)
     for item in (DropOrder(1), DropOrder(4), a, order, DropOrder(2), b):

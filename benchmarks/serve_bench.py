@@ -12,6 +12,10 @@ to DIR/serve_bench.json, with two measures of the HTTP overhead:
 - `http_overhead_median_ms` (and `_p99_`): per request, the client's end-to-end latency minus the
   scheduler's own for the same request (matched by the `x-sangam-request-id` header against the
   server's `--out` requests.csv): tokenization, HTTP, Submit and the stream's delivery;
+- `grpc_overhead_median_ms`: the same for the trace sent a second time to the same server's scheduler
+  straight over gRPC (`executor.client.AsyncSangamClient`, what serve's backend does): the control
+  plane's share (the worker's report, the scheduler's publish, the stream), so that
+  `http_minus_grpc_overhead_median_ms` is what HTTP itself adds;
 - `median_e2el_vs_live_ms`: the HTTP run's median end-to-end latency minus the `sangam live` replay's
   (two runs of one trace, so it also holds run-to-run noise).
 
@@ -40,6 +44,8 @@ from typing import Any
 
 import httpx
 
+from executor.client import AsyncSangamClient, SangamError
+from executor.messages import Submission
 from executor.ports import free_port
 from sangam.args import positive_float, positive_int
 from sangam.hardware import BLOCK
@@ -98,9 +104,8 @@ async def send(
 ) -> Sent:
     arrival, prompt_len, output_len = row
     await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
-    rng = random.Random(f"{args.seed}:{arrival}")
     body = {
-        "model": "bench", "prompt": [rng.randrange(TINY_EOS) for _ in range(prompt_len)],
+        "model": "bench", "prompt": prompt_of(row, args.seed),
         "max_tokens": output_len, "stream": True, "forwards_per_block": args.forwards, "ignore_eos": True,
     }  # fmt: skip
     start = time.perf_counter()
@@ -127,6 +132,56 @@ async def send(
     return Sent(True, rid, prompt_len, tokens, start, first, time.perf_counter())
 
 
+def prompt_of(row: tuple[float, int, int], seed: int) -> list[int]:
+    rng = random.Random(f"{seed}:{row[0]}")
+    return [rng.randrange(TINY_EOS) for _ in range(row[1])]
+
+
+async def send_grpc(
+    client: AsyncSangamClient, row: tuple[float, int, int], t0: float, args: argparse.Namespace
+) -> Sent:
+    """The same request straight to the scheduler's client port (what serve's backend does)."""
+    arrival, prompt_len, output_len = row
+    await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
+    n_blocks = -(-output_len // BLOCK)
+    start = time.perf_counter()
+    try:
+        first = await client.submit(
+            Submission(
+                tuple(prompt_of(row, args.seed)), BLOCK * n_blocks, forwards=(args.forwards,) * n_blocks
+            )
+        )
+        async for update in client.stream(first.request_id):
+            if update.finished:
+                ok = update.status == "DONE"
+                return Sent(
+                    ok,
+                    first.request_id,
+                    prompt_len,
+                    output_len if ok else 0,
+                    start,
+                    None,
+                    time.perf_counter(),
+                    update.error,
+                )
+    except SangamError as err:
+        return Sent(False, None, prompt_len, 0, start, None, time.perf_counter(), str(err))
+    return Sent(
+        False, first.request_id, prompt_len, 0, start, None, time.perf_counter(), "stream ended early"
+    )
+
+
+async def drive_grpc(
+    address: str, rows: list[tuple[float, int, int]], args: argparse.Namespace
+) -> list[Sent]:
+    client = AsyncSangamClient(address)
+    try:
+        t0 = time.perf_counter()
+        return list(await asyncio.gather(*(send_grpc(client, row, t0, args) for row in rows)))
+    finally:
+        await client.close()
+
+
 async def drive(url: str, rows: list[tuple[float, int, int]], args: argparse.Namespace) -> list[Sent]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
@@ -136,12 +191,13 @@ async def drive(url: str, rows: list[tuple[float, int, int]], args: argparse.Nam
 
 def run_serve(
     rows: list[tuple[float, int, int]], out: Path, args: argparse.Namespace
-) -> tuple[list[Sent], float]:
-    """`sangam serve` with the trace sent through HTTP; what the client saw and the wall seconds."""
+) -> tuple[list[Sent], float, list[Sent]]:
+    """`sangam serve` with the trace sent through HTTP, then again straight to its scheduler's gRPC
+    client port; what the clients saw, and the HTTP pass's wall seconds."""
     port = free_port()
     command = sangam(
         "serve", "--port", str(port), "--out", str(out), "--mask-len", str(args.mask_len),
-        "--max-waiting", str(len(rows) + 1), *args.extra,
+        "--max-waiting", str(len(rows) + 1), "--log-dir", str(out / "logs"), *args.extra,
     )  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -161,10 +217,12 @@ def run_serve(
         started = time.perf_counter()
         sent = asyncio.run(drive(url, rows, args))
         wall = time.perf_counter() - started
+        address = json.loads((out / "logs" / "scheduler.json").read_text())["address"]
+        direct = asyncio.run(drive_grpc(address, rows, args))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
-    return sent, wall
+    return sent, wall, direct
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -185,17 +243,30 @@ def stats(prefix: str, values_ms: list[float]) -> dict[str, float]:
     }
 
 
+def paired_overhead(sent: list[Sent], scheduler_e2el: dict[int, float]) -> list[float]:
+    """Per finished request: the client's end-to-end ms minus the scheduler's own for it."""
+    return [
+        (s.end - s.start) * 1e3 - scheduler_e2el[s.request_id]
+        for s in sent
+        if s.ok and s.request_id in scheduler_e2el
+    ]
+
+
 def result(
-    sent: list[Sent], wall: float, live: dict[str, Any], served: Path, args: argparse.Namespace
+    sent: list[Sent],
+    wall: float,
+    direct: list[Sent],
+    live: dict[str, Any],
+    served: Path,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     done = [s for s in sent if s.ok]
     e2el = [(s.end - s.start) * 1e3 for s in done]
     ttft = [(s.first_chunk - s.start) * 1e3 for s in done if s.first_chunk is not None]
     with (served / "requests.csv").open() as f:
         scheduler_e2el = {int(r["request_id"]): float(r["e2el"]) * 1e3 for r in csv.DictReader(f)}
-    overhead = [
-        (s.end - s.start) * 1e3 - scheduler_e2el[s.request_id] for s in done if s.request_id in scheduler_e2el
-    ]
+    overhead = paired_overhead(sent, scheduler_e2el)
+    grpc_overhead = paired_overhead(direct, scheduler_e2el)
     out_tokens = sum(s.output_tokens for s in done)
     in_tokens = sum(s.prompt_len for s in done)
     return {
@@ -219,6 +290,10 @@ def result(
         "http_overhead_median_ms": percentile(overhead, 50),
         "http_overhead_p99_ms": percentile(overhead, 99),
         "http_overhead_matched": len(overhead),
+        "grpc_overhead_median_ms": percentile(grpc_overhead, 50),
+        "grpc_overhead_p99_ms": percentile(grpc_overhead, 99),
+        "grpc_completed": sum(s.ok for s in direct),
+        "http_minus_grpc_overhead_median_ms": percentile(overhead, 50) - percentile(grpc_overhead, 50),
         "live_median_e2el_ms": live["median_e2el_ms"],
         "live_mean_e2el_ms": live["mean_e2el_ms"],
         "median_e2el_vs_live_ms": percentile(e2el, 50) - live["median_e2el_ms"],
@@ -248,12 +323,13 @@ def main() -> None:
     rows = trace(args.num_prompts, args.request_rate, args.seed, args.max_prompt, args.mask_len)
     write_trace(out / "trace.csv", rows)
     live = run_live(out / "trace.csv", out / "live", args)
-    sent, wall = run_serve(rows, out / "serve", args)
-    report = result(sent, wall, live, out / "serve", args)
+    sent, wall, direct = run_serve(rows, out / "serve", args)
+    report = result(sent, wall, direct, live, out / "serve", args)
     (out / "serve_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     keys = (
         "completed", "failed", "request_throughput", "output_throughput", "median_e2el_ms", "p99_e2el_ms",
         "live_median_e2el_ms", "median_e2el_vs_live_ms", "http_overhead_median_ms", "http_overhead_p99_ms",
+        "grpc_overhead_median_ms", "http_minus_grpc_overhead_median_ms",
     )  # fmt: skip
     for key in keys:
         value = report[key]

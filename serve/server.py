@@ -58,7 +58,7 @@ class DrainingServer(uvicorn.Server):
 def listen(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound now so that a taken port is a one-line error before anything starts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY on these
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

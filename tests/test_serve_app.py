@@ -19,6 +19,7 @@ from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server,
 from executor.messages import Submission
 from serve.app import Output
 from serve.backend import ServingState
+from serve.server import listen
 from serve.tokenizer import Message
 
 
@@ -269,3 +270,26 @@ def test_submission_carries_the_dllm_fields(fake: tuple[str, FakeBackend]) -> No
     assert post(url, "/v1/completions", body).status_code == 200
     sub: Submission = backend.submitted[-1]
     assert sub.forwards == (4, 4) and sub.sampling.threshold == 0.5 and sub.sampling.temperature == 0.7
+
+
+def test_accepted_connections_send_without_nagle_delay() -> None:
+    """asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP; without it every response
+    with a body waited ~40 ms for the client's delayed ACK (headers and body are two writes)."""
+
+    async def main() -> int:
+        sock = listen("127.0.0.1", 0)
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            raw = writer.get_extra_info("socket")
+            accepted.set_result(raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        nodelay = await asyncio.wait_for(accepted, 5)
+        writer.close()
+        server.close()
+        return nodelay
+
+    assert asyncio.run(main()) != 0

@@ -91,7 +91,8 @@ def sangam(*args: str) -> list[str]:
 def run_live(trace_file: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`sangam live` over the trace; its summary.json."""
     command = sangam(
-        "live", "--trace", str(trace_file), "--progress", f"fixed:{args.forwards}", "--out", str(out),
+        "live", "--trace", str(trace_file), "--num-requests", str(args.num_prompts),
+        "--progress", f"fixed:{args.forwards}", "--out", str(out),
         "--mask-len", str(args.mask_len), *args.extra,
     )  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

@@ -141,7 +141,7 @@ def status_to_pb(status: ClusterStatus) -> pb.StatusReply:
 
 def status_from_pb(msg: pb.StatusReply) -> ClusterStatus:
     workers = tuple(
-        WorkerState(w.worker_id, w.role, w.pages, w.free_pages, w.router_free, w.outstanding)
+        WorkerState(w.worker_id, w.role, w.pages, w.free_pages, w.router_free, w.outstanding, w.lost, w.pid)
         for w in msg.workers
     )
     facts = (

@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from executor.client import RequestResult, SangamError
-from executor.messages import Sampling, Submission, WorkerState
+from executor.messages import ClusterStatus, Sampling, Submission, WorkerState
 from sangam.hardware import BLOCK, pages_for
 from serve import protocol as api
 from serve.backend import Backend, Limits, ServingState
@@ -152,10 +152,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             except SangamError as err:
                 reason = f"the scheduler does not answer: {err}"
             else:
-                if not status.ready or status.workers_registered < status.workers_expected:
-                    reason = (
-                        status.failure or f"{status.workers_registered} of {status.workers_expected} workers"
-                    )
+                reason = unhealthy(status)
         if reason is not None:
             return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
         return Response(status_code=200)
@@ -296,12 +293,18 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                 reason = "error"
                 raise APIError(503, f"the scheduler stopped answering: {err}") from None
         finally:
-            state.requests.pop(job.request_id, None)
-            if last is None or last.status not in ("DONE", "ERROR"):
-                later(backend.cancel(job.request_id))  # the client left, or the output ended early
-            metrics.finished(
-                last, time.monotonic() - job.started, reason, job.prompt_tokens, output.completion_tokens
-            )
+            end(job, output, last, reason)
+
+    def end(job: Job, output: Output, last: RequestResult | None, reason: str) -> None:
+        """The request is over for its client (once; later calls do nothing): its metrics, and a cancel
+        at the scheduler unless it ended there (the client left, or the output ended early)."""
+        if state.requests.pop(job.request_id, None) is None:
+            return
+        if last is None or last.status not in ("DONE", "ERROR"):
+            later(backend.cancel(job.request_id))
+        metrics.finished(
+            last, time.monotonic() - job.started, reason, job.prompt_tokens, output.completion_tokens
+        )
 
     async def until_done(job: Job, output: Output, request: Request) -> None:
         """Run the request to its end, or cancel it if the client disconnects first."""
@@ -315,7 +318,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         await asyncio.wait((run, gone), return_when=asyncio.FIRST_COMPLETED)
         gone.cancel()
         if not run.done():
-            run.cancel()  # the blocks' cleanup cancels the request at the scheduler
+            run.cancel()
+            end(job, output, None, "abort")  # also if the task was cancelled before it started
             raise APIError(400, "the client disconnected")
         run.result()
 
@@ -334,7 +338,12 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                 yield data({"error": json.loads(bytes(err.response().body))["error"]})
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=job.headers)
+        return ClosingStream(
+            events(),
+            lambda: end(job, output, None, "abort"),
+            media_type="text/event-stream",
+            headers=job.headers,
+        )
 
     def later(coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` to its end even if the task that started it is being cancelled."""
@@ -439,3 +448,30 @@ class RequireKey:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def unhealthy(status: ClusterStatus) -> str | None:
+    """Why the cluster is not healthy (`/health` 503), or None: every worker registered and not lost."""
+    lost = [str(w.worker_id) for w in status.workers if w.lost]
+    if status.failure:
+        return status.failure
+    if lost:
+        return f"worker{'s' if len(lost) > 1 else ''} {', '.join(lost)} lost"
+    if not status.ready or status.workers_registered < status.workers_expected:
+        return f"{status.workers_registered} of {status.workers_expected} workers registered"
+    return None
+
+
+class ClosingStream(StreamingResponse):
+    """A stream that calls `on_close` once it is over, however it ended: a client that disconnects
+    before the body starts leaves a generator that never ran, whose own cleanup never runs."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()

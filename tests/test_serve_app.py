@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import openai
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
 
-from executor.messages import Submission
+from executor.messages import ClusterStatus, Submission
 from serve.app import Output
 from serve.backend import ServingState
 from serve.server import listen
@@ -293,3 +294,22 @@ def test_accepted_connections_send_without_nagle_delay() -> None:
         return nodelay
 
     assert asyncio.run(main()) != 0
+
+
+def test_health_is_503_while_a_worker_is_lost_or_missing() -> None:
+    backend = FakeBackend()
+    with app_server(backend) as (url, _):
+        assert httpx.get(url + "/health").status_code == 200
+        healthy = backend.status
+
+        async def lost() -> ClusterStatus:
+            status = await healthy()
+            return replace(status, workers=(replace(status.workers[0], lost=True),))
+
+        async def missing() -> ClusterStatus:
+            return replace(await healthy(), workers_registered=0, ready=False)
+
+        for fake, needle in ((lost, "worker 0 lost"), (missing, "0 of 1 workers registered")):
+            backend.status = fake  # type: ignore[method-assign]
+            response = httpx.get(url + "/health")
+            assert response.status_code == 503 and needle in response.json()["reason"]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
 
+from executor.client import RequestResult, SangamError
 from executor.messages import ClusterStatus, Submission
 from serve.app import Output
 from serve.backend import ServingState
@@ -313,3 +314,17 @@ def test_health_is_503_while_a_worker_is_lost_or_missing() -> None:
             backend.status = fake  # type: ignore[method-assign]
             response = httpx.get(url + "/health")
             assert response.status_code == 503 and needle in response.json()["reason"]
+
+
+def test_a_scheduler_that_cannot_take_the_request_is_503_and_one_at_its_call_limit_429() -> None:
+    backend = FakeBackend()
+    with app_server(backend) as (url, _):
+        for code, status in (("UNAVAILABLE", 503), ("RESOURCE_EXHAUSTED", 429)):
+
+            async def refuse(submission: Submission, code: str = code) -> RequestResult:
+                raise SangamError(f"scheduler: Submit: {code}: worker 0 lost and 1C has no worker left", code)
+
+            backend.submit = refuse  # type: ignore[method-assign]
+            response = post(url, "/v1/completions", {"prompt": "x"})
+            assert response.status_code == status and code in error_of(response)
+            assert response.headers["retry-after"] == "1"

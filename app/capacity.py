@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -18,7 +19,7 @@ from app.inputs import InputError
 from app.sweep import WORKERS
 from sangam.config import DATASETS, RunConfig
 from sangam.tally import Watcher
-from sim.engines import pool_runner
+from sim.engines import LocalPool
 from sim.options import SimOptions
 from sim.search import Answer, SearchOptions, Slo, parse_slo, search
 from sim.sweep import Cache, GridOptions, expand_layouts, grid, int_list, seed_list
@@ -92,8 +93,8 @@ def run_query(query: CapacityQuery, watch: Watcher | None = None) -> Capacity:
     base = RunConfig(gpu=query.gpu, gpus=query.gpus, num_requests=query.num_requests, qps=query.start_qps)
     one_seed = dataclasses.replace(options, seeds=options.seeds[:1])
     configs = grid(base, one_seed, [query.start_qps], SimOptions(cost=query.cost), None)
-    runner = pool_runner(WORKERS)
-    answers = search(configs, slos, options.seeds, runner, Cache(None), search_options, watch=watch)
+    with closing(LocalPool(WORKERS)) as engine:
+        answers = search(configs, slos, options.seeds, engine, Cache(None), search_options, watch=watch)
     return Capacity(query, tuple(slos), tuple(answers))
 
 

@@ -6,6 +6,7 @@ import argparse
 import csv
 import dataclasses
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--trace {point.config.trace}: search needs a synthetic trace (sharegpt, arxiv)"
             )
     counts = Counts()
-    engine = runner(collect(EngineOptions, args))
-    with bar("search", "points") as watch:
+    with closing(runner(collect(EngineOptions, args))) as engine, bar("search", "points") as watch:
         answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),
                          options, counts, watch)  # fmt: skip
     rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]

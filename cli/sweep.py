@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
     cache = Cache(grid_options.cache or options.out / "cache")
     counts = Counts()
     started = time.perf_counter()
-    engine = runner(collect(EngineOptions, args))
-    with bar("sweep", "points") as watch:
+    with closing(runner(collect(EngineOptions, args))) as engine, bar("sweep", "points") as watch:
         summaries = evaluate(points, engine, cache, counts, watch)
     rows = tidy_rows(points, summaries)
     written = write_table(rows, options.out) + plot_latency(rows, options.out)

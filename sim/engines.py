@@ -1,8 +1,9 @@
 """Where a sweep's points run: a local process pool, or Ray tasks on a Ray cluster, behind one interface.
 
-A `Runner` takes points and yields `(index, summary)` as each finishes, in any order. A point's summary
-depends only on the point and the code (`sim.sweep.run_point`), so every engine gives the same summaries
-and the tidy table, sorted by configuration, is the same byte for byte whichever ran it. A Ray worker
+An engine (`Engine`, a `sim.sweep.Runner`) takes points and yields `(index, summary)` as each finishes,
+in any order. A point's summary depends only on the point and the code (`sim.sweep.run_point`), so every
+engine gives the same summaries and the tidy table, sorted by configuration, is the same byte for byte
+whichever ran it. A Ray worker
 whose sources differ from the driver's (`code_version`) refuses its point instead of answering for other
 code.
 """
@@ -15,11 +16,11 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sangam.args import positive_int
 from sangam.options import option
-from sim.sweep import Point, Runner, code_version, run_point
+from sim.sweep import Point, code_version, run_point
 
 LOCAL_RAY = "local"  # `--ray` without an address: start a local Ray instance (or join RAY_ADDRESS's)
 
@@ -39,48 +40,75 @@ class EngineOptions:
     )  # fmt: skip
 
 
-def runner(options: EngineOptions) -> Runner:
+class Engine(Protocol):
+    """A `Runner` that holds resources (processes, a Ray connection) until `close`."""
+
+    def __call__(self, points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]: ...
+
+    def close(self) -> None: ...
+
+
+def runner(options: EngineOptions) -> Engine:
     """The engine the options choose: Ray if `--ray` was given, else the local pool."""
-    return ray_runner(options.ray) if options.ray is not None else pool_runner(options.jobs)
+    return RayTasks(options.ray) if options.ray is not None else LocalPool(options.jobs)
 
 
-def pool_runner(jobs: int) -> Runner:
-    """Run points `jobs` at a time in fresh processes (spawned: no state of this one leaks in), or in
-    this process with one job; yields (index, summary) as each finishes."""
+class LocalPool:
+    """Run points `jobs` at a time in spawned processes (no state of this one leaks in), started on the
+    first call and kept until `close`, so a search's rounds reuse them; with one job (or one point) in
+    this process. Yields (index, summary) as each finishes."""
 
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
-        if jobs == 1 or len(points) <= 1:
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __call__(self, points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        if self.jobs == 1 or len(points) <= 1:
             for i, point in enumerate(points):
                 yield i, run_point(point)
             return
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(jobs, len(points)), mp_context=context) as pool:
-            futures: dict[Future[dict[str, Any]], int] = {
-                pool.submit(run_point, p): i for i, p in enumerate(points)
-            }
-            pending = set(futures)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        futures: dict[Future[dict[str, Any]], int] = {
+            self._pool.submit(run_point, p): i for i, p in enumerate(points)
+        }
+        pending = set(futures)
+        try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=futures.__getitem__):
                     yield futures[future], future.result()
+        finally:
+            for future in pending:  # a point failed, or the caller stopped early: run no more
+                future.cancel()
 
-    return run
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
-def ray_runner(address: str) -> Runner:
+class RayTasks:
     """Run every point as one Ray task (one CPU each) on the cluster at `address` (`LOCAL_RAY`: a local
-    instance, or RAY_ADDRESS's cluster); joins the Ray instance this process has already started, if any.
-    Yields (index, summary) as each finishes."""
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("--ray needs Ray: pip install 'sangam[ray]'") from None
+    instance, or RAY_ADDRESS's cluster); joins the Ray instance this process has already started, if
+    any. Yields (index, summary) as each finishes."""
 
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def __init__(self, address: str) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("--ray needs Ray: pip install 'sangam[ray]'") from None
+        self.address = address
+        self._ray = ray
+
+    def __call__(self, points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        ray = self._ray
         if not points:
             return
         if not ray.is_initialized():
-            ray.init(address=None if address == LOCAL_RAY else address, logging_level=logging.WARNING)
+            ray.init(
+                address=None if self.address == LOCAL_RAY else self.address, logging_level=logging.WARNING
+            )
         task = ray.remote(num_cpus=1)(_checked_point)
         code = code_version()
         refs = {task.remote(point, code): i for i, point in enumerate(points)}
@@ -90,7 +118,8 @@ def ray_runner(address: str) -> Runner:
             for ref in done:
                 yield refs[ref], ray.get(ref)
 
-    return run
+    def close(self) -> None:
+        """Ray is left running for this process (a later engine joins it); it stops at exit."""
 
 
 def _checked_point(point: Point, code: str) -> dict[str, Any]:

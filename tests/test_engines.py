@@ -16,7 +16,7 @@ import pytest
 
 from cli.main import build_parser, main
 from sangam.config import RunConfig
-from sim.engines import LOCAL_RAY, EngineOptions, _checked_point, pool_runner, ray_runner, runner
+from sim.engines import LOCAL_RAY, EngineOptions, LocalPool, RayTasks, _checked_point, runner
 from sim.options import SimOptions
 from sim.sweep import Point, code_version
 
@@ -69,8 +69,8 @@ def test_ray_flag_alone_means_a_local_instance_and_takes_an_address() -> None:
 
 def test_the_option_picks_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen: list[object] = []
-    monkeypatch.setattr("sim.engines.ray_runner", lambda address: chosen.append(("ray", address)))
-    monkeypatch.setattr("sim.engines.pool_runner", lambda jobs: chosen.append(("pool", jobs)))
+    monkeypatch.setattr("sim.engines.RayTasks", lambda address: chosen.append(("ray", address)))
+    monkeypatch.setattr("sim.engines.LocalPool", lambda jobs: chosen.append(("pool", jobs)))
     runner(EngineOptions(jobs=3))
     runner(EngineOptions(jobs=3, ray="head:6379"))
     assert chosen == [("pool", 3), ("ray", "head:6379")]
@@ -81,7 +81,7 @@ def test_without_ray_installed_ray_is_a_one_line_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(RuntimeError, match=r"sangam\[ray\]"):
-        ray_runner(LOCAL_RAY)
+        RayTasks(LOCAL_RAY)
     assert main(["sweep", *GRID, "--ray", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sangam: error: --ray needs Ray") and err.count("\n") == 1
@@ -94,8 +94,14 @@ def test_a_ray_worker_with_other_code_refuses_its_point() -> None:
         _checked_point(point, "not-this-code")
 
 
-def test_the_pool_yields_every_point_once() -> None:
+def test_the_pool_yields_every_point_once_and_keeps_its_processes_between_calls() -> None:
     points = [Point(RunConfig(num_requests=5, gpus=1, qps=q), SimOptions(cost="analytic")) for q in (1, 2, 3)]
-    results = dict(pool_runner(2)(points))
+    pool = LocalPool(2)
+    results = dict(pool(points))
     assert sorted(results) == [0, 1, 2]
     assert [results[i]["config"]["qps"] for i in range(3)] == [1, 2, 3]
+    processes = set(pool._pool._processes) if pool._pool is not None else set()  # type: ignore[attr-defined]
+    assert dict(pool(points[:2])).keys() == {0, 1}
+    assert pool._pool is not None and set(pool._pool._processes) == processes  # type: ignore[attr-defined]
+    pool.close()
+    assert pool._pool is None

@@ -19,9 +19,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 from sangam.hardware import BLOCK
-from sangam.kv import PagePool
+from sangam.kv import Pages
 from sangam.request import Request
 
 
@@ -87,14 +88,17 @@ class Outcome:
 NOTHING_DONE = Outcome((), (), ())  # only decode steps, and no block ended
 
 
-class Batcher:
+P = TypeVar("P", bound=Pages)  # the live worker's PagePool (page ids), the simulator's PageTally (counts)
+
+
+class Batcher(Generic[P]):
     """The per-worker scheduler; the sim and live drivers call it every iteration.
 
     `hand_off` marks a prefill-only worker: its prefilled requests leave for a decode
     worker and keep their pages until `release` is called after the KV transfer.
     """
 
-    def __init__(self, worker: int, config: BatchConfig, pool: PagePool, *, hand_off: bool = False) -> None:
+    def __init__(self, worker: int, config: BatchConfig, pool: P, *, hand_off: bool = False) -> None:
         self.worker = worker
         self.config = config
         self.pool = pool

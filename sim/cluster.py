@@ -27,12 +27,12 @@ from functools import partial
 from typing import Any
 
 import simpy
-from simpy.events import URGENT
+from simpy.events import NORMAL, URGENT, EventPriority
 
 from sangam.batcher import BatchConfig, Batcher, Microbatch, Outcome
 from sangam.cost import CostModel
 from sangam.faults import Failure
-from sangam.kv import PagePool
+from sangam.kv import PageTally
 from sangam.layout import Layout, Role
 from sangam.request import Request
 from sangam.results import iteration_row
@@ -70,16 +70,26 @@ class ClusterConfig:
             raise ValueError(f"the control-plane delay must be non-negative, got {self.control_s}")
 
 
-class _Urgent(simpy.Event):
-    """An event of this instant processed before the ordinary ones (as SimPy's process starts and
-    interrupts are), calling `callback`."""
+class _Call:
+    """The least an event on SimPy's queue needs (what `Environment.step` reads: its callbacks, and that
+    it succeeded): scheduled by `_later`, it calls its callback at its time. The simulator schedules a
+    few hundred thousand per run; a full `simpy.Timeout` costs more to build than its use here."""
 
-    def __init__(self, env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
-        super().__init__(env)
-        self.callbacks.append(callback)
-        self._ok = True
-        self._value = None
-        env.schedule(self, URGENT)
+    __slots__ = ("callbacks",)
+    _ok = True
+
+    def __init__(self, callback: Callable[[Any], None]) -> None:
+        self.callbacks: list[Callable[[Any], None]] | None = [callback]
+
+
+def _later(
+    env: simpy.Environment, delay: float, callback: Callable[[Any], None], priority: EventPriority = NORMAL
+) -> _Call:
+    """`callback(event)` `delay` from now, after the events already due then (URGENT: before the
+    ordinary ones, as SimPy's process starts and interrupts are); the event."""
+    event = _Call(callback)
+    env.schedule(event, priority, delay)  # type: ignore[arg-type]  # a duck-typed event
+    return event
 
 
 class SimWorker:
@@ -98,9 +108,9 @@ class SimWorker:
         self._idle = False  # waiting for work
         self._in_run = False  # inside a multi-iteration decode stretch
         self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
-        self._until: simpy.Event | None = None  # the timeout that ends the microbatch in flight
+        self._until: _Call | None = None  # the event that ends the microbatch in flight
         self.alive = True
-        _Urgent(self.env, self._resume)
+        _later(self.env, 0, self._resume, URGENT)  # as a process starts
 
     def wake(self) -> None:
         """New work for this worker: end an idle wait, or cut a decode stretch short."""
@@ -108,12 +118,10 @@ class SimWorker:
             return
         if self._idle:
             self._idle = False
-            event = self.env.event()
-            event.callbacks.append(self._resume)
-            event.succeed()
+            _later(self.env, 0, self._resume)
         elif self._in_run:
             self._in_run = False
-            _Urgent(self.env, self._cut)
+            _later(self.env, 0, self._cut, URGENT)  # as a process is interrupted
 
     def kill(self) -> None:
         """The worker is lost: it stops where it is, and the iteration in flight with it. Iterations
@@ -148,8 +156,7 @@ class SimWorker:
         self._wait(run * step)
 
     def _wait(self, delay: float) -> None:
-        until = self._until = self.env.timeout(delay)
-        until.callbacks.append(self._landed)
+        self._until = _later(self.env, delay, self._landed)
 
     def _cut(self, _: object) -> None:
         """`wake` during a decode stretch: stop after the iteration in flight."""
@@ -228,7 +235,7 @@ class Cluster:
 
     def _batcher(self, worker: int, role: Role) -> Batcher:
         config = self.config.prefill_batch if role is Role.PREFILL else self.config.batch
-        return Batcher(worker, config, PagePool(self.config.pages), hand_off=role is Role.PREFILL)
+        return Batcher(worker, config, PageTally(self.config.pages), hand_off=role is Role.PREFILL)
 
     def run(self, requests: Sequence[Request]) -> float:
         """Simulate until every request has finished; the simulated end time."""
@@ -292,7 +299,7 @@ class Cluster:
             if isinstance(action, Dispatch):
                 if control_s:
                     self._controlled[action.req.id] = action
-                    self.env.timeout(control_s).callbacks.append(partial(self._dispatch, action))
+                    _later(self.env, control_s, partial(self._dispatch, action))
                 else:
                     self._dispatch(action)
             elif isinstance(action, Transfer):
@@ -322,7 +329,7 @@ class Cluster:
         req.record.transfer_start = start
         req.record.transfer_end = end
         self._moving[req.id] = action
-        self.env.timeout(end - now).callbacks.append(partial(self._transfer_done, action))
+        _later(self.env, end - now, partial(self._transfer_done, action))
 
     def _transfer_done(self, action: Transfer, _: object) -> None:
         """The KV has landed (`_`: the transfer's event): the request decodes on its destination."""

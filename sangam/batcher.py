@@ -76,7 +76,7 @@ class Microbatch:
         return not self.decodes and not self.prefills
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (frozen init is slow): one per iteration that prefilled or ended a block
 class Outcome:
     """What one iteration changed, as the router needs to hear it; never mutated."""
 

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -21,7 +22,7 @@ import uvicorn
 
 from executor.client import SangamError
 from executor.launcher import LiveError, LocalCluster
-from executor.live import LivePlan, write_served
+from executor.live import LivePlan, plural, write_served
 from executor.live_options import LiveOptions
 from serve.app import AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
@@ -35,11 +36,22 @@ GRACEFUL_S = 2.0  # after the drain: how long uvicorn waits for connections befo
 class DrainingServer(uvicorn.Server):
     """uvicorn that drains on its first SIGTERM or SIGINT instead of closing the socket at once."""
 
-    def __init__(self, config: uvicorn.Config, state: ServingState, drain_timeout: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServingState,
+        drain_timeout: float,
+        on_started: Callable[[], None],
+    ) -> None:
         super().__init__(config)
         self.state = state
         self.drain_timeout = drain_timeout
         self.drain_deadline: float | None = None
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.on_started()  # signals are ours by now: a SIGTERM from here on drains
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_deadline is None:
@@ -82,7 +94,6 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     config = uvicorn.Config(
         app, log_level="warning", lifespan="off", timeout_graceful_shutdown=int(GRACEFUL_S), access_log=False
     )
-    server = DrainingServer(config, state, options.drain_timeout)
     cluster = LocalCluster(plan.cluster, live.log_dir)
     stopping = threading.Event()
 
@@ -99,7 +110,7 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 print(f"sangam serve: warning: {warning}", file=sys.stderr, flush=True)
             devices = ", ".join(sorted(set(plan.devices)))
             print(
-                f"sangam serve: {plan.model} on {len(plan.devices)} workers ({devices}, "
+                f"sangam serve: {plan.model} on {plural(len(plan.devices), 'worker')} ({devices}, "
                 f"{plan.config.layout.name}) at http://{host}:{port}/v1 (tokenizer: {tokenizer.name}; "
                 f"logs in {cluster.log_dir}); SIGTERM or Ctrl-C drains and stops",
                 flush=True,
@@ -113,12 +124,13 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 server.should_exit = True
 
     watcher = threading.Thread(target=start_and_watch, name="cluster", daemon=True)
-    watcher.start()
+    server = DrainingServer(config, state, options.drain_timeout, on_started=watcher.start)
     try:
         server.run(sockets=[sock])
     finally:
         stopping.set()
-        watcher.join(timeout=WATCH_INTERVAL_S * 2)
+        if watcher.is_alive():
+            watcher.join(timeout=WATCH_INTERVAL_S * 2)
         try:
             if out is not None and state.limits is not None and not state.failure:
                 try:

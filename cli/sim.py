@@ -54,6 +54,7 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
+    from profiles.scaled import ScaledCostModel
     from profiles.testbeds import (
         choose_testbed,
         testbed_config,
@@ -70,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     given = given_options(args, SimOptions)
     options = testbed_options(testbed, given)
     cost, cost_name, profile = testbed_cost_model(testbed, base.model, options.cost)
+    if options.time_scale != 1.0:
+        cost, cost_name = (
+            ScaledCostModel(cost, options.time_scale),
+            f"{cost_name}, times {options.time_scale:g}",
+        )
     base = testbed_config(testbed, base, profile, vars(args))
     files = collect(RunFiles, args)
     files = dataclasses.replace(

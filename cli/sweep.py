@@ -34,7 +34,7 @@ def add_grid(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("engine"), EngineOptions)
     add_options(parser, RunConfig, only=FIXED)
     add_options(parser, RunFiles, only=("progress",))
-    add_options(parser.add_argument_group("testbed"), SimOptions, skip=("testbed",))  # not yet in sweeps
+    add_options(parser.add_argument_group("testbed"), SimOptions, skip=("testbed", "time_scale"))  # sim only
 
 
 def add_parser(commands: Any, name: str) -> None:

@@ -39,6 +39,11 @@ class SimOptions:
         choices=("profile", "analytic"),
     )  # fmt: skip
 
+    time_scale: float = option(
+        1.0, "multiply every iteration's time by this: a what-if of a slower (or faster) executor",
+        parse=positive_float,
+    )  # fmt: skip
+
     fail: str | None = option(
         None, "workers lost during the run: W@T[,W@T...], worker ids and seconds (e.g. 1@30,2@45.5)",
         metavar="W@T",

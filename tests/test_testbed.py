@@ -171,3 +171,18 @@ def test_the_reference_testbeds_price_llada_with_its_measured_profile_and_have_n
     raw = as_dict(stand_in)
     assert raw["profile"]["models"] == {"dream-7b": {"data": "h200", "source": "a test"}}
     assert parse_testbed(raw, "reference-h100") == stand_in
+
+
+def test_time_scale_multiplies_every_iteration(tmp_path: Path) -> None:
+    def summary(name: str, *args: str) -> dict[str, object]:
+        assert (
+            main(["sim", "--mode", "1C", "--qps", "0.01", "-n", "3", "--out", str(tmp_path / name), *args])
+            == 0
+        )
+        result: dict[str, object] = json.loads((tmp_path / name / "summary.json").read_text())
+        return result
+
+    plain, slow = summary("one"), summary("two", "--time-scale", "2")
+    assert slow["cost_model"] == "derived from h200, times 2"
+    for part in ("mean_decode_ms", "mean_prefill_ms"):  # requests alone on a worker: nothing else moves
+        assert slow[part] == pytest.approx(2 * plain[part])  # type: ignore[operator]

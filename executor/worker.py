@@ -11,10 +11,10 @@ Threads:
   iteration's report to the outbox. It never waits on the scheduler or the network; the Batcher and its
   pool change only under `Engine.lock`, which the forward does not hold;
 - KV link threads (disaggregated and hybrid layouts) move KV, then hand a received block to the Engine;
-- the sender thread batches reports and transfer events from the outbox into `Control.Report` calls, and
-  sends an empty one after `HEARTBEAT_S` without any (the scheduler declares a silent worker holding work
-  lost); a report the scheduler refuses (this process was declared lost) stops the worker;
-- the hang watch marks the worker unhealthy if one iteration runs too long.
+- the sender thread (`executor.report_sender`) batches reports and transfer events into `Control.Report`
+  calls, with heartbeats when idle; a report the scheduler refuses (this process was declared lost)
+  stops the worker;
+- the hang watch (`executor.hang_watch`) marks the worker unhealthy if one iteration runs too long.
 
 Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`) give each worker a role; a prefill worker's
 Batcher hands prefilled blocks off (budget `--prefill-budget`) and `TransferOrder`s arrive through
@@ -33,15 +33,15 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 
 import grpc
 import torch
 
 from executor import auth, codec, rpc
 from executor.engine import Engine, build_model, build_runner, check_work
+from executor.hang_watch import watch_for_hangs
 from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import KVTransfers, LinkConfig, TransferResult, open_store
 from executor.messages import (
@@ -50,23 +50,17 @@ from executor.messages import (
     IterationReport,
     Registered,
     Registration,
-    ReportBatch,
-    TransferEvent,
 )
 from executor.process_specs import WorkerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
-from executor.retry import deliver
+from executor.report_sender import ReportSender
 from sangam.batcher import BatchConfig, Batcher, Policy
 from sangam.hardware import pages_for
 from sangam.kv import PagePool
 from sangam.layout import Kind, Role, parse_mode
 
-REPORT_BATCH = 256  # iterations per Report call at most
 STAGED_TOKENS = 4096 + 1024  # transfer staging is allocated up front for a sequence this long
-REPORT_ATTEMPTS = 4
-REPORT_BACKOFF_S = 0.2
-HEARTBEAT_S = 1.0
 
 log = logging.getLogger("sangam.worker")
 
@@ -98,27 +92,24 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         return pb.ShutdownReply()
 
 
-Outbound = IterationReport | TransferEvent
 Inbound = tuple[int, list[DropOrder | BlockWork]]  # an Enqueue call's number, its drops and blocks
 
 
 class WorkerProcess:
-    """The process around one `Engine`: inbox, loop, outbox and sender."""
+    """The loop around one `Engine`: its inbox of blocks and drops, and its reports' sender."""
 
     def __init__(self, worker_id: int, engine: Engine, control: pb_grpc.ControlStub) -> None:
         self.worker_id = worker_id
         self.engine = engine
-        self.control = control
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()  # an empty list only wakes the loop
         self.calls = itertools.count(1)  # Enqueue calls, numbered as they come
         self.calls_lock = threading.Lock()
-        self.incarnation = 0  # the scheduler's number of this process's registration
-        self.outbox: queue.SimpleQueue[Outbound | None] = queue.SimpleQueue()
-        engine.emit = self.outbox.put
         self.stopping = threading.Event()
         self.failure: str | None = None
         self.step_started: float | None = None  # when the iteration in progress began
-        self._sender = threading.Thread(target=self._send_loop, name="report-sender", daemon=True)
+        pool = engine.batcher.pool
+        self.sender = ReportSender(worker_id, control, lambda: pool.num_free, self.stopping, self.fail)
+        engine.emit = self.sender.outbox.put
 
     def stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -131,7 +122,8 @@ class WorkerProcess:
 
     def run(self) -> None:
         """The loop thread; returns when stopped."""
-        self._sender.start()
+        self.sender.start()
+        outbox = self.sender.outbox
         batcher = self.engine.batcher
         # An iteration's report goes out once the next iteration's GPU work is queued (or the loop has
         # nothing to run): the sender's Python then runs while this thread waits on the GPU, instead of
@@ -146,7 +138,7 @@ class WorkerProcess:
             if straight_on and held and self.step_started is not None:
                 held[-1] = replace(held[-1], cycle_s=self.step_started - held[-1].stats.start)
             for report in held:
-                self.outbox.put(report)
+                outbox.put(report)
             held.clear()
 
         try:
@@ -166,20 +158,7 @@ class WorkerProcess:
                 held.append(report)
         finally:
             release()
-            self.outbox.put(None)
-            self._sender.join(timeout=2.0)
-
-    def watch_for_hangs(self, timeout: float, on_hang: Callable[[str], None]) -> None:
-        """Call `on_hang` once (from a thread) if one iteration runs longer than `timeout` seconds."""
-
-        def watch() -> None:
-            while not self.stopping.wait(1.0):
-                started = self.step_started
-                if started is not None and time.monotonic() - started > timeout:
-                    on_hang(f"an iteration has run for more than {timeout:g} s")
-                    return
-
-        threading.Thread(target=watch, name="hang-watch", daemon=True).start()
+            self.sender.finish(timeout=2.0)
 
     def on_transfer(self, result: TransferResult) -> None:
         """From a link thread: a received block can decode now; wake the loop if it idles."""
@@ -205,57 +184,6 @@ class WorkerProcess:
                 call, items = self.inbox.get_nowait()
             except queue.Empty:
                 return
-
-    def _send_loop(self) -> None:
-        while True:
-            try:
-                first: Outbound | None = self.outbox.get(timeout=HEARTBEAT_S)
-            except queue.Empty:  # a heartbeat: the scheduler sees this worker alive although idle
-                if not self._send(codec.reports_to_pb(self._batch([]))):
-                    return
-                continue
-            if first is None:
-                return
-            batch = [first]
-            last = False
-            while len(batch) < REPORT_BATCH:
-                try:
-                    item = self.outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    last = True
-                    break
-                batch.append(item)
-            if not self._send(codec.reports_to_pb(self._batch(batch))):
-                return
-            if last:
-                return
-
-    def _batch(self, items: Sequence[Outbound]) -> ReportBatch:
-        return ReportBatch(
-            self.worker_id,
-            iterations=tuple(r for r in items if isinstance(r, IterationReport)),
-            transfers=tuple(e for e in items if isinstance(e, TransferEvent)),
-            free_pages=self.engine.batcher.pool.num_free,  # read after every queued change was made
-            incarnation=self.incarnation,
-        )
-
-    def _send(self, message: pb.ReportBatch) -> bool:
-        try:
-            return deliver(
-                partial(self.control.Report, message, timeout=rpc.CALL_TIMEOUT_S),
-                attempts=REPORT_ATTEMPTS,
-                backoff_s=REPORT_BACKOFF_S,
-                stopping=self.stopping,
-                permanent=lambda err: err.code() is grpc.StatusCode.FAILED_PRECONDITION,
-            )
-        except grpc.RpcError as err:
-            if err.code() is grpc.StatusCode.FAILED_PRECONDITION:  # fenced: a newer process may serve
-                self.fail(f"the scheduler refused this worker's reports: {err.details()}")
-            else:
-                self.fail(f"cannot report to the scheduler: {rpc.describe(err)}")
-            return False
 
 
 def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.device) -> KVTransfers:
@@ -362,7 +290,7 @@ def main() -> int:
         address = rpc.bind(srv, args.host, args.port)
         srv.start()
         config = model.config
-        process.incarnation = register(
+        process.sender.incarnation = register(
             control,
             Registration(
                 worker_id=args.worker_id,
@@ -384,7 +312,7 @@ def main() -> int:
             print(f"worker {args.worker_id}: error: {why}", file=sys.stderr, flush=True)
             rpc.set_serving(health, False)
 
-        process.watch_for_hangs(args.hang_timeout, on_hang)
+        watch_for_hangs(lambda: process.step_started, args.hang_timeout, on_hang, process.stopping)
         if args.exit_with_parent:
             rpc.exit_with_parent(lambda: process.stop("the launcher is gone") if process else None)
         process.run()

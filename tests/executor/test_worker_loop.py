@@ -62,7 +62,7 @@ def test_reports_go_out_at_the_next_launch_and_when_idle() -> None:
     log: list[tuple[str, int]] = []
     engine, control = FakeEngine(3, log), FakeControl()
     process = WorkerProcess(0, engine, control)  # type: ignore[arg-type]
-    process.outbox = RecordingOutbox(log)  # type: ignore[assignment]
+    process.sender.outbox = RecordingOutbox(log)  # type: ignore[assignment]
     loop = threading.Thread(target=process.run)
     loop.start()
     for _ in range(200):

@@ -560,16 +560,16 @@ def _write_partial(
           file=sys.stderr)  # fmt: skip
 
 
-def write_served(plan: LivePlan, cluster: LocalCluster, out: Path) -> int:
-    """Write the results of every request a serving cluster finished to `out`; how many there were."""
+def write_served(plan: LivePlan, collected: Collector, out: Path, cause: str | None = None) -> int:
+    """Write the results of every request a serving cluster finished (as `collected` so far) to `out`,
+    marked partial with its `cause` if the server did not end normally; how many there were."""
     from sangam.results import request_row, summarize, write_results
 
-    client = cluster.client
-    assert client is not None
-    finished = rebuild(client.results(), {}, [], client.status().first_arrival)
+    finished = rebuild(collected.records, {}, [], collected.origin)
     if finished:
         summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
         summary["config"] = plan.resolved()
+        summary.update(partial=cause is not None, **({"partial_cause": cause} if cause else {}))
         write_results(out, finished, summary)
     return len(finished)
 
@@ -591,7 +591,9 @@ def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
         except KeyboardInterrupt:
             pass
         if files.out:
-            write_served(plan, cluster, files.out)
+            collected = Collector(cluster.client)
+            collected.fetch()
+            write_served(plan, collected, files.out)
     print("sangam live: stopped", file=sys.stderr)
     return 0
 

@@ -23,6 +23,7 @@ import uvicorn
 from executor.client import SangamError
 from executor.launcher import LiveError, LocalCluster
 from executor.live import LivePlan, plural, write_served
+from executor.live_collect import Collector
 from executor.live_options import LiveOptions
 from serve.app import AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
@@ -96,8 +97,10 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     )
     cluster = LocalCluster(plan.cluster, live.log_dir)
     stopping = threading.Event()
+    collected: Collector | None = None  # finished requests' records, fetched as the server runs (--out)
 
     def start_and_watch() -> None:
+        nonlocal collected
         try:
             status = cluster.start(live.startup_timeout)
             backend.address = cluster.address
@@ -115,9 +118,13 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 f"logs in {cluster.log_dir}); SIGTERM or Ctrl-C drains and stops",
                 flush=True,
             )
+            assert cluster.client is not None
+            collected = Collector(cluster.client)
             while not stopping.wait(WATCH_INTERVAL_S):
                 cluster.check()
-        except (LiveError, ValueError) as err:
+                if out is not None:
+                    collected.poll()  # so that a lost scheduler loses no finished request's results
+        except (LiveError, ValueError, SangamError) as err:
             if not stopping.is_set():
                 state.failure = str(err)
                 print(f"sangam serve: error: {err}", file=sys.stderr, flush=True)
@@ -132,14 +139,8 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
         if watcher.is_alive():
             watcher.join(timeout=WATCH_INTERVAL_S * 2)
         try:
-            if out is not None and state.limits is not None and not state.failure:
-                try:
-                    count = write_served(plan, cluster, out)
-                except (OSError, SangamError) as err:
-                    state.failure = f"cannot write the results to {out}: {err}"
-                    print(f"sangam serve: error: {state.failure}", file=sys.stderr)
-                else:
-                    print(f"sangam serve: {count} finished requests written to {out}", file=sys.stderr)
+            if out is not None and collected is not None:
+                write_results(plan, collected, out, state)
         finally:
             cluster.stop()
             if not state.failure:
@@ -147,3 +148,21 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
             sock.close()
     print("sangam serve: stopped", file=sys.stderr)
     return 1 if state.failure else 0
+
+
+def write_results(plan: LivePlan, collected: Collector, out: Path, state: ServingState) -> None:
+    """`--out`: every finished request, fetched last now if the scheduler still answers; marked partial
+    when the cluster failed or the last fetch did."""
+    cause = state.failure or None
+    try:
+        collected.fetch()
+    except SangamError as err:
+        cause = cause or f"the scheduler stopped answering: {err}"
+    try:
+        count = write_served(plan, collected, out, cause)
+    except OSError as err:
+        state.failure = f"cannot write the results to {out}: {err}"
+        print(f"sangam serve: error: {state.failure}", file=sys.stderr)
+        return
+    what = " (partial: the server did not end normally)" if cause else ""
+    print(f"sangam serve: {count} finished requests written to {out}{what}", file=sys.stderr)

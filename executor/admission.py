@@ -1,11 +1,12 @@
-"""What the scheduler checks before it accepts a request or a worker (one-line reasons, no exceptions)."""
+"""What the scheduler checks before it accepts a request or a worker, and a worker before it runs a block
+(one-line reasons, no exceptions)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 
-from executor.messages import ModelFacts, Registration, Submission
+from executor.messages import BlockWork, ModelFacts, Registration, Submission
 from sangam.hardware import BLOCK, pages_for
 from sangam.layout import Layout, Role
 
@@ -62,4 +63,18 @@ def check_registration(reg: Registration, layout: Layout, others: Iterable[Regis
     for other in others:
         if (other.vocab, other.mask_id, other.eos_ids) != (reg.vocab, reg.mask_id, reg.eos_ids):
             return f"worker {reg.worker_id} serves a different model than worker {other.worker_id}"
+    return None
+
+
+def check_work(work: BlockWork) -> str | None:
+    """Why a `BlockWork` cannot be run, or None (the scheduler validated the request already)."""
+    seq_len = work.prompt_len + work.mask_len
+    if work.prompt_len <= 0 or work.mask_len <= 0 or work.mask_len % BLOCK:
+        return f"request {work.request_id}: bad lengths prompt {work.prompt_len} mask {work.mask_len}"
+    if not 0 <= work.block < work.mask_len // BLOCK:
+        return f"request {work.request_id}: block {work.block} outside a mask buffer of {work.mask_len}"
+    if len(work.tokens) != work.prompt_len + BLOCK * work.block or len(work.tokens) > seq_len:
+        return f"request {work.request_id}: {len(work.tokens)} known tokens for block {work.block}"
+    if not 0 <= work.forwards <= BLOCK:
+        return f"request {work.request_id}: {work.forwards} planned forwards"
     return None

@@ -1,5 +1,5 @@
 """The torch side of one worker: blocks become jobs, microbatches become forwards, and each iteration a
-typed `IterationReport`; the worker's own ends of KV transfers (`executor.kv_transfer` moves the bytes).
+typed `IterationReport`.
 
 A block arrives as a `BlockWork` (the request's tokens up to its first mask) and becomes a local,
 single-block `sangam.request.Request` under a worker-local id (a request's next block may reach this worker
@@ -9,9 +9,9 @@ the most a block can take, when the sampler decides) are replaced by the forward
 the block is fully unmasked, so `Batcher.complete` ends it on exactly that iteration.
 
 A prefill-role worker's Batcher hands prefilled blocks off (`hand_off=True`): they keep their pages, the
-report carries the block's 32 ids, and the scheduler orders the transfer. SEND packs and sends the pages,
-RECEIVE allocates pages here and receives into them, after which the block joins the Batcher with
-`add_decode`; RELEASE frees a sent block's pages. Each end's result is emitted as a `TransferEvent`.
+report carries the block's 32 ids, and the scheduler orders the transfer; the worker's own ends of KV
+transfers are `executor.transfer_ends.TransferEnds` (`executor.kv_transfer` moves the bytes), which work
+on this engine's jobs, batcher and pool under its lock.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch import Tensor
 from executor.attention import TorchAttention
 from executor.forward import ModelRunner
 from executor.kv_cache import PagedKVCache
-from executor.kv_transfer import KVTransfers, TransferError, TransferJob, TransferResult
+from executor.kv_transfer import KVTransfers, TransferResult
 from executor.live_models import lookup_live_model
 from executor.messages import (
     BlockDone,
@@ -41,14 +41,14 @@ from executor.messages import (
     Prefilled,
     Sampling,
     TransferEvent,
-    TransferKind,
     TransferOrder,
 )
 from executor.microbatch import ForwardItem, Phase
 from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, tiny
 from executor.sampler import BlockStep, SamplingParams, commits_eos, unmask
+from executor.transfer_ends import TransferEnds
 from sangam.batcher import Batcher, Microbatch
-from sangam.hardware import BLOCK, pages_for
+from sangam.hardware import BLOCK
 from sangam.request import Request
 from sangam.results import iteration_row
 
@@ -82,20 +82,6 @@ def sampling_params(sampling: Sampling, request_id: int) -> SamplingParams:
     )
 
 
-def check_work(work: BlockWork) -> str | None:
-    """Why a `BlockWork` cannot be run, or None (the scheduler validated the request already)."""
-    seq_len = work.prompt_len + work.mask_len
-    if work.prompt_len <= 0 or work.mask_len <= 0 or work.mask_len % BLOCK:
-        return f"request {work.request_id}: bad lengths prompt {work.prompt_len} mask {work.mask_len}"
-    if not 0 <= work.block < work.mask_len // BLOCK:
-        return f"request {work.request_id}: block {work.block} outside a mask buffer of {work.mask_len}"
-    if len(work.tokens) != work.prompt_len + BLOCK * work.block or len(work.tokens) > seq_len:
-        return f"request {work.request_id}: {len(work.tokens)} known tokens for block {work.block}"
-    if not 0 <= work.forwards <= BLOCK:
-        return f"request {work.request_id}: {work.forwards} planned forwards"
-    return None
-
-
 class Runner(Protocol):
     """`ModelRunner` or a drop-in (`GraphedModelRunner`): logits (items, 32, vocab) of one microbatch."""
 
@@ -122,15 +108,12 @@ class Engine:
         self.model = model
         self.batcher = batcher
         self.runner = runner
-        self.transfers = transfers
+        self.ends = TransferEnds(self, transfers)  # its own ends of KV transfers
         self.mask_id = model.config.mask_id
         self.eos_ids = model.config.eos_ids
         self.shift = model.config.logit_shift
         self.device = model.device
         self.jobs: dict[int, Job] = {}
-        self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
-        self.receiving: dict[tuple[int, int], int] = {}  # (transfer id, attempt) -> local id of the KV
-        self.cancelled: set[int] = set()  # local ids dropped while their KV is being received
         self._local_ids = itertools.count()
         # The batcher, its pool and `jobs` are shared with the gRPC threads (transfer orders) and the link
         # threads (transfer results), so that transfers never wait for an iteration to end: every change
@@ -140,7 +123,7 @@ class Engine:
 
     def admit(self, work: BlockWork, call: int = 0) -> None:
         """Queue one block's prefill with the batcher (`call`: the Enqueue call that brought it)."""
-        job = self._job(work, call)
+        job = self.new_job(work, call)
         with self.lock:
             self.jobs[job.req.id] = job
             self.batcher.add_prefill(job.req)
@@ -151,22 +134,17 @@ class Engine:
         received is freed once its receive ends (the link thread writes into it until then). Call it
         between iterations (no forward in flight may use the pages). The number of blocks dropped."""
         with self.lock:
-            receiving = set(self.receiving.values())
             mine = [j for j in self.jobs.values() if j.request_id == request_id and j.call < before]
             for job in mine:
-                local = job.req.id
-                if local in receiving:
-                    self.cancelled.add(local)
-                    continue
-                for key in [k for k, v in self.handed.items() if v == local]:
-                    del self.handed[key]
-                del self.jobs[local]
-                self.batcher.drop(job.req)
+                if self.ends.forget(job.req.id):
+                    del self.jobs[job.req.id]
+                    self.batcher.drop(job.req)
         if mine:
             log.info("dropped request %d (%d blocks)", request_id, len(mine))
         return len(mine)
 
-    def _job(self, work: BlockWork, call: int = 0) -> Job:
+    def new_job(self, work: BlockWork, call: int = 0) -> Job:
+        """A job for `work` under a new worker-local id (not yet in `jobs`)."""
         seq_len = work.prompt_len + work.mask_len
         tokens = torch.full((seq_len,), self.mask_id, dtype=torch.long)
         tokens[: len(work.tokens)] = torch.tensor(work.tokens, dtype=torch.long)
@@ -177,107 +155,22 @@ class Engine:
         params = sampling_params(work.sampling, work.request_id)
         return Job(req, work.block, block_start, tokens, params, forwards, work.request_id, call)
 
-    # ---- KV transfers (any thread, under the lock) ----------------------------------------------------
+    # ---- KV transfers (any thread) -------------------------------------------------------------------
 
     def transfer(self, order: TransferOrder, call: int = 0) -> None:
-        """Carry out one order (any thread; `call`: the Enqueue call that brought it): a RELEASE, or an
-        order that cannot start, emits its event at once; otherwise the link thread's result comes back
-        through `transfer_done`."""
+        """Carry out one KV transfer order (`call`: the Enqueue call that brought it): `TransferEnds`."""
         with self.lock:
-            try:
-                if order.kind is TransferKind.RELEASE:
-                    self.emit(self._release(order))
-                    return
-                if self.transfers is None:
-                    raise TransferError(f"worker {self.worker_id} has no KV links (colocated layout)")
-                if order.kind is TransferKind.SEND:
-                    self._send(order)
-                else:
-                    self._receive(order, call)
-            except (TransferError, ValueError, MemoryError) as err:
-                now = time.monotonic()
-                self.emit(
-                    TransferEvent(order.kind, order.transfer_id, order.attempt, False, str(err), now, now)
-                )
-
-    def _send(self, order: TransferOrder) -> None:
-        assert self.transfers is not None
-        local = self.handed.get((order.request_id, order.block))
-        if local is None:
-            raise TransferError(f"no prefilled KV of request {order.request_id} block {order.block} here")
-        pages = tuple(self.batcher.pool.pages_of(local))
-        self.transfers.send(order.peer, self._transfer_job(order, pages))
-
-    def _receive(self, order: TransferOrder, call: int) -> None:
-        assert self.transfers is not None
-        work = order.work
-        if work is None:
-            raise ValueError(f"request {order.request_id}: a receive order without its block")
-        reason = check_work(work)
-        if reason is not None:
-            raise ValueError(reason)
-        if order.pages != pages_for(work.prompt_len + work.mask_len) or len(order.block_tokens) != BLOCK:
-            raise ValueError(
-                f"request {order.request_id}: a transfer order of {order.pages} pages does not fit"
-            )
-        if not 1 <= order.step < BLOCK:
-            raise ValueError(f"request {order.request_id}: cannot resume a block at step {order.step}")
-        pool = self.batcher.pool
-        if not pool.can_allocate(order.pages):
-            raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
-        job = self._job(work, call)
-        job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(order.block_tokens))
-        job.req.step = order.step
-        pages = tuple(pool.allocate(job.req.id, order.pages))
-        self.jobs[job.req.id] = job
-        self.receiving[order.transfer_id, order.attempt] = job.req.id
-        try:
-            self.transfers.receive(order.peer, self._transfer_job(order, pages))
-        except TransferError:
-            self._drop(job.req.id)
-            del self.receiving[order.transfer_id, order.attempt]
-            raise
-
-    @staticmethod
-    def _transfer_job(order: TransferOrder, pages: tuple[int, ...]) -> TransferJob:
-        return TransferJob(
-            order.transfer_id, order.attempt, order.request_id, order.tag, order.generation, pages
-        )
-
-    def _release(self, order: TransferOrder) -> TransferEvent:
-        local = self.handed.pop((order.request_id, order.block), None)
-        if local is None:
-            raise TransferError(f"no KV of request {order.request_id} block {order.block} to release here")
-        self._drop(local)
-        now = time.monotonic()
-        return TransferEvent(TransferKind.RELEASE, order.transfer_id, order.attempt, True, start=now, end=now)
-
-    def _drop(self, local: int) -> None:
-        """Forget a job that holds pages outside the batcher's queues, and free its pages."""
-        job = self.jobs.pop(local)
-        self.batcher.release(job.req)
+            self.ends.order(order, call)
 
     def transfer_done(self, result: TransferResult) -> None:
-        """A link thread finished one end of an attempt: a received block joins the decodes at once.
-
-        The RECEIVE event is emitted before the lock is let go, so it precedes every report of the decode.
-        """
-        job = result.job
-        event = TransferEvent(
-            TransferKind.SEND if result.send else TransferKind.RECEIVE, job.transfer_id, job.attempt,
-            result.ok, result.error, result.start, result.end, result.nbytes,
-        )  # fmt: skip
+        """A link thread finished one end of an attempt; `TransferEnds.done`."""
         with self.lock:
-            if not result.send:
-                local = self.receiving.pop((job.transfer_id, job.attempt))
-                if local in self.cancelled:  # dropped meanwhile: its pages are free to reuse now
-                    self.cancelled.discard(local)
-                    self._drop(local)
-                elif result.ok:
-                    self.batcher.add_decode(self.jobs[local].req)
-                else:
-                    self._drop(local)
-            self.emit(event)
+            self.ends.done(result)
+
+    def free(self, local: int) -> None:
+        """Forget a job that holds pages outside the batcher's queues, and free its pages (under the lock)."""
+        job = self.jobs.pop(local)
+        self.batcher.release(job.req)
 
     def step(self, on_launch: Callable[[], None] = lambda: None) -> IterationReport | None:
         """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
@@ -343,7 +236,7 @@ class Engine:
             if id(req) in handoffs:  # the KV stays here until the scheduler's RELEASE
                 block_tokens = tuple(job.tokens[job.block_start : job.block_start + BLOCK].tolist())
                 entry = replace(entry, handoff=True, block_tokens=block_tokens)
-                self.handed[job.request_id, job.block] = req.id
+                self.ends.keep(job.request_id, job.block, req.id)
             prefilled.append(entry)
         finished = []
         for req in outcome.finished:

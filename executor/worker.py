@@ -40,7 +40,8 @@ import grpc
 import torch
 
 from executor import auth, codec, rpc
-from executor.engine import Engine, build_model, build_runner, check_work
+from executor.admission import check_work
+from executor.engine import Engine, build_model, build_runner
 from executor.hang_watch import watch_for_hangs
 from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import KVTransfers, LinkConfig, TransferResult, open_store

@@ -60,11 +60,11 @@ def test_a_block_received_while_an_iteration_waits_for_the_lock_decodes_after_it
         mask_len=BLOCK,
         tokens=tuple(range(1, prompt + 1)),
     )
-    job = engine._job(work)  # as `_receive` registers it: pages allocated, resuming at step 1
+    job = engine.new_job(work)  # as a RECEIVE order registers it: pages allocated, resuming at step 1
     job.req.step = 1
     pages = tuple(pool.allocate(job.req.id, pages_for(prompt + BLOCK)))
     engine.jobs[job.req.id] = job
-    engine.receiving[3, 1] = job.req.id
+    engine.ends.receiving[3, 1] = job.req.id
 
     def receive_ends() -> None:
         end = time.monotonic()
@@ -112,17 +112,17 @@ def test_a_drop_frees_kv_kept_for_a_transfer_and_a_receiving_block_once_its_rece
     source = engine(hand_off=True)
     source.admit(block(7), call=1)
     report = source.step()
-    assert report is not None and report.prefilled[0].handoff and source.handed
+    assert report is not None and report.prefilled[0].handoff and source.ends.handed
     assert source.drop(7, before=2) == 1
-    assert not source.handed and not source.jobs and source.batcher.pool.num_free == 16
+    assert not source.ends.handed and not source.jobs and source.batcher.pool.num_free == 16
 
     destination = engine()
     events: list[TransferEvent] = []
     destination.emit = events.append
-    job = destination._job(block(9), call=1)
+    job = destination.new_job(block(9), call=1)
     pages = tuple(destination.batcher.pool.allocate(job.req.id, pages_for(20 + BLOCK)))
     destination.jobs[job.req.id] = job
-    destination.receiving[3, 1] = job.req.id
+    destination.ends.receiving[3, 1] = job.req.id
     assert destination.drop(9, before=2) == 1
     assert destination.batcher.pool.num_free == 16 - len(pages)  # the link thread still writes into them
     end = time.monotonic()

@@ -65,3 +65,20 @@ def test_reproduce_one_figure_writes_its_plot_and_claims_as_sangam_sim_gives_the
 def test_an_unknown_figure_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "--figures", "7"]) == 2
     assert "no figure 'fig7' (known: fig5, fig8" in capsys.readouterr().err
+
+
+def test_the_readmes_fidelity_table_is_the_shipped_claims() -> None:
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    for testbed, column in (("paper-h100", 4), ("sangam-h100", 5)):
+        with (root / "benchmarks" / "results" / f"reproduce-{testbed}" / "claims.csv").open() as f:
+            shipped = {r["id"]: r for r in csv.DictReader(f)}
+        assert set(shipped) == {c.id for c in read_claims()}
+        for claim, row in shipped.items():
+            line = next(x for x in readme.splitlines() if x.startswith(f"| {claim} |"))
+            cell = line.split(" | ")[column]
+            assert cell.startswith(row["simulated"]), (testbed, claim, cell)
+            if row["holds"]:
+                assert f"**{row['holds']}**" in cell, (testbed, claim, cell)
+            elif row["ratio"]:
+                assert f"({row['ratio']})" in cell, (testbed, claim, cell)

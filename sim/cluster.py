@@ -109,6 +109,7 @@ class SimWorker:
         self._in_run = False  # inside a multi-iteration decode stretch
         self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
         self._until: _Call | None = None  # the event that ends the microbatch in flight
+        self._seconds = cluster.cost.seconds
         self.alive = True
         _later(self.env, 0, self._resume, URGENT)  # as a process starts
 
@@ -147,16 +148,14 @@ class SimWorker:
         if not batcher.has_work:
             self._idle = True
             return
-        start = self.env.now
+        env = self.env
+        start = env.now
         mb = batcher.next_microbatch(start)
-        step = self.cluster.cost.seconds(mb)
+        step = self._seconds(mb)
         run = batcher.run_length(mb)
         self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
         self._flight = (start, step, mb, run)
-        self._wait(run * step)
-
-    def _wait(self, delay: float) -> None:
-        self._until = _later(self.env, delay, self._landed)
+        self._until = _later(env, run * step, self._landed)
 
     def _cut(self, _: object) -> None:
         """`wake` during a decode stretch: stop after the iteration in flight."""
@@ -168,7 +167,7 @@ class SimWorker:
         run = min(run, max(1, math.ceil((now - start) / step)))
         self._flight = (start, step, mb, run)
         # work that arrives on a boundary: start + run * step can round a few ulps below now
-        self._wait(max(0.0, start + run * step - now))
+        self._until = _later(self.env, max(0.0, start + run * step - now), self._landed)
 
     def _landed(self, event: object) -> None:
         """The microbatch in flight ended (`event`: its timeout; one a cut replaced is void)."""

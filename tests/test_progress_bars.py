@@ -123,3 +123,17 @@ def test_simulate_tells_each_request_as_it_ends_across_points() -> None:
     done = [t.done for t in heard]
     assert done == sorted(done) and done[0] == 0 and done[-1] == 60 and 30 in done
     assert len(set(done)) > 30 and {t.total for t in heard} == {60}  # told as they end (some end together)
+
+
+def test_sim_over_several_points_draws_on_a_terminal_and_prints_the_same_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TERM", "xterm")
+    argv = ["sim", "--mode", "2C", "--qps", "1", "3", "--num-requests", "30", "--cost", "analytic"]
+    assert main(argv) == 0
+    piped = capsys.readouterr()
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(argv) == 0
+    assert capsys.readouterr().out == piped.out and piped.err == ""
+    assert "sim" in terminal.getvalue()

@@ -152,27 +152,29 @@ def test_a_stopped_worker_is_lost_within_the_timeout_and_fenced_after_it_continu
 
 
 def test_a_restarted_worker_registers_again_and_takes_work(tmp_path: Path) -> None:
-    """With restarts, a killed worker's new process registers under its id and the router places work on
-    it again: of requests submitted after its return, some prefill there."""
-    spec = ClusterSpec(cpu_workers(2), mask_len=64, restart_workers=True)
+    """With restarts, a killed decode worker of 1P2D gets a new process, which registers under its id,
+    builds its KV links afresh (at the generation raised by the loss) and receives KV again: of requests
+    submitted after its return, some decode there, and no transfer fails."""
+    spec = ClusterSpec(cpu_workers(3), mode="1P2D", mask_len=64, restart_workers=True)
     with LocalCluster(spec, tmp_path / "logs") as cluster:
         cluster.start(timeout=120)
         client = cluster.client
         assert client is not None
-        old = client.status().workers[1].pid
+        old = client.status().workers[2].pid
         os.kill(old, signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while (w := client.status().workers[1]).pid in (0, old) or w.lost:
-            assert time.monotonic() < deadline, "worker 1 did not come back"
+        while (w := client.status().workers[2]).pid in (0, old) or w.lost:
+            assert time.monotonic() < deadline, "worker 2 did not come back"
             time.sleep(0.1)
-        ids = [client.submit(list(range(1, 21)), 64, forwards=[4, 4]) for _ in range(4)]
+        ids = [client.submit(list(range(1, 21)), 64, forwards=[3, 3]) for _ in range(6)]
         assert all(client.wait(rid, timeout=60).status == "DONE" for rid in ids)
-        records = client.results()
+        records = {r.request_id: r for r in client.results()}
         status = client.status()
-    assert cluster.exits == [f"worker 1 (pid {old}) was killed by SIGKILL"] and cluster.restarts == 1
-    assert {b.prefill_worker for r in records for b in r.blocks} == {0, 1}
+    assert cluster.exits == [f"worker 2 (pid {old}) was killed by SIGKILL"] and cluster.restarts == 1
+    assert {b.decode_worker for rid in ids for b in records[rid].blocks} == {1, 2}
     assert status.workers_lost == 1 and not any(w.lost for w in status.workers)
-    assert (tmp_path / "logs" / "worker-1-restart1.log").exists()
+    assert (status.transfers_failed, status.transfers_done) == (0, 12)
+    assert (tmp_path / "logs" / "worker-2-restart1.log").exists()
 
 
 def assert_partial(run: Run, err: str, cause: str, line: str | None) -> None:

@@ -9,14 +9,16 @@
 With a server started with `--api-key KEY`, pass `SangamClient(address, api_key=KEY)`: every call then
 carries `authorization: Bearer KEY`. Token ids only: the server does no tokenization. Bad input is not
 an exception: the request ends with status ERROR and the reason in `error`. Every call has a deadline;
-transport failures raise `SangamError`.
+transport failures raise `SangamError`. Protobuf stays in `executor.codec`: the client sends and returns
+typed values.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
@@ -25,69 +27,26 @@ import grpc.aio
 
 from executor import codec, rpc
 from executor.auth import metadata
-from executor.messages import ClusterStatus, Submission, WorkerExit
-from executor.proto import sangam_pb2 as pb
+from executor.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerExit
 from executor.proto import sangam_pb2_grpc as pb_grpc
+from sangam.request import Request
 
 STREAM_TIMEOUT_S = 3600.0
+POLL_INTERVAL_S = 0.1  # `wait` polls at this pace when the server has no stream to spare
 
 
 class SangamError(RuntimeError):
     """A call to the scheduler failed (unreachable, refused, deadline exceeded); `code` is the gRPC
-    status name where the async client knows it (UNAVAILABLE, RESOURCE_EXHAUSTED, ...)."""
+    status name (UNAVAILABLE, UNAUTHENTICATED, RESOURCE_EXHAUSTED, ...) when the call got one."""
 
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
-class RequestResult:
-    """A request's state: generated ids so far (whole committed blocks) and timing (server monotonic s)."""
-
-    request_id: int
-    status: str  # QUEUED, RUNNING, DONE, ERROR or NOT_FOUND
-    error: str
-    token_ids: tuple[int, ...]
-    blocks_done: int
-    n_blocks: int
-    eos: bool  # generation stopped at an EOS before gen_len
-    arrival: float
-    end: float | None
-    forwards: tuple[int, ...]  # forwards each finished block took
-    queue_s: float = 0.0  # once DONE: latency parts summed over the blocks (executor.messages.RequestState)
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    transfer_s: tuple[float, ...] = ()
-    overflow_blocks: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("DONE", "ERROR", "NOT_FOUND")
-
-    @staticmethod
-    def of(state: pb.RequestState) -> RequestResult:
-        return RequestResult(
-            request_id=state.request_id,
-            status=pb.RequestStatus.Name(state.status),
-            error=state.error,
-            token_ids=tuple(state.token_ids),
-            blocks_done=state.blocks_done,
-            n_blocks=state.n_blocks,
-            eos=state.eos,
-            arrival=state.arrival,
-            end=state.end or None,
-            forwards=tuple(state.forwards),
-            queue_s=state.queue_s,
-            prefill_s=state.prefill_s,
-            decode_s=state.decode_s,
-            transfer_s=tuple(state.transfer_s),
-            overflow_blocks=state.overflow_blocks,
-        )
-
-
 class SangamClient:
-    """A connection to one scheduler's client port; `api_key` is presented on every call."""
+    """A connection to one scheduler's client port; `api_key` is presented on every call. Results are
+    `executor.messages` values (`RequestState`, `ClusterStatus`) and finished `sangam.request.Request`s."""
 
     def __init__(
         self, address: str, *, api_key: str | None = None, timeout: float = rpc.CALL_TIMEOUT_S
@@ -132,43 +91,59 @@ class SangamClient:
         threshold: float | None = None,
         temperature: float | None = None,
         seed: int | None = None,
-    ) -> pb.SubmitReply:
-        """`submit`, returning the whole reply (status ERROR and the reason for bad input)."""
-        sampling = pb.SamplingParams()
-        if threshold is not None:
-            sampling.threshold = threshold
-        if temperature is not None:
-            sampling.temperature = temperature
-        if seed is not None:
-            sampling.seed = seed
-        message = pb.SubmitRequest(
-            prompt_token_ids=list(prompt_ids),
-            gen_len=gen_len,
-            sampling=sampling,
-            forwards=list(forwards or ()),
+    ) -> RequestState:
+        """`submit`, returning the request's first state (status ERROR and the reason for bad input)."""
+        submission = Submission(
+            tuple(prompt_ids), gen_len, Sampling(threshold, temperature, seed), tuple(forwards or ())
         )
-        reply: pb.SubmitReply = self._call("Submit", self._stub.Submit, message)
-        return reply
+        reply = self._call("Submit", self._stub.Submit, codec.submission_to_pb(submission))
+        return codec.submit_reply_from_pb(reply)
 
-    def submit_future(self, message: pb.SubmitRequest) -> grpc.Future:
-        """Send a prepared Submit without waiting; the future's result is a `SubmitReply`."""
-        return self._stub.Submit.future(message, timeout=self.timeout)
+    def submit_future(self, submission: Submission) -> Future[RequestState]:
+        """Send a Submit without waiting; the future's result is the request's first state, or a
+        `SangamError`."""
+        out: Future[RequestState] = Future()
+        call = self._stub.Submit.future(codec.submission_to_pb(submission), timeout=self.timeout)
 
-    def poll(self, request_id: int) -> RequestResult:
-        return RequestResult.of(self._call("Poll", self._stub.Poll, pb.RequestRef(request_id=request_id)))
+        def done(call: grpc.Future) -> None:
+            try:
+                out.set_result(codec.submit_reply_from_pb(call.result()))
+            except grpc.RpcError as err:
+                out.set_exception(self._error("Submit", err))
 
-    def stream(self, request_id: int, *, timeout: float = STREAM_TIMEOUT_S) -> Iterator[RequestResult]:
-        """The current state, then one update per finished block, ending with DONE or ERROR."""
-        call = self._stub.Stream(pb.RequestRef(request_id=request_id), timeout=timeout)
+        call.add_done_callback(done)
+        return out
+
+    def poll(self, request_id: int) -> RequestState:
+        return codec.state_from_pb(self._call("Poll", self._stub.Poll, codec.request_ref(request_id)))
+
+    def stream(self, request_id: int, *, timeout: float = STREAM_TIMEOUT_S) -> Iterator[RequestState]:
+        """The current state, then one update per finished block, ending with DONE or ERROR. When the
+        server has no stream to spare (RESOURCE_EXHAUSTED), the same updates come from polling."""
+        call = self._stub.Stream(codec.request_ref(request_id), timeout=timeout)
         try:
             for state in call:
-                yield RequestResult.of(state)
+                yield codec.state_from_pb(state)
+            return
         except grpc.RpcError as err:
-            raise SangamError(f"{self.address}: Stream: {rpc.describe(err)}") from None
+            if _code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+                raise self._error("Stream", err) from None
         finally:
             call.cancel()
+        deadline = time.monotonic() + timeout
+        last: RequestState | None = None
+        while last is None or not last.finished:
+            state = self.poll(request_id)
+            if state != last:
+                yield state
+                last = state
+            if time.monotonic() > deadline:
+                raise SangamError(
+                    f"{self.address}: Stream: request {request_id} unfinished after {timeout:g} s"
+                )
+            time.sleep(POLL_INTERVAL_S)
 
-    def wait(self, request_id: int, *, timeout: float = STREAM_TIMEOUT_S) -> RequestResult:
+    def wait(self, request_id: int, *, timeout: float = STREAM_TIMEOUT_S) -> RequestState:
         """Block until the request is DONE or ERROR (or unknown); its final state."""
         for update in self.stream(request_id, timeout=timeout):
             if update.finished:
@@ -178,55 +153,61 @@ class SangamClient:
             return result
         raise SangamError(f"{self.address}: request {request_id} still {result.status} when its stream ended")
 
-    def status(self) -> pb.StatusReply:
-        reply: pb.StatusReply = self._call("Status", self._stub.Status, pb.StatusRequest())
-        return reply
+    def status(self) -> ClusterStatus:
+        return codec.status_from_pb(self._call("Status", self._stub.Status, codec.status_request()))
 
-    def results(self, first: int = 0) -> list[pb.RequestRecord]:
-        """Timing records of every finished request, from the `first`-th on (in order of their end)."""
+    def results(self, first: int = 0) -> list[Request]:
+        """Every finished request from the `first`-th on (in order of their end), times in the
+        scheduler's clock (`executor.live.rebuild` moves them to the run's origin)."""
         reply = self._call(
-            "Results", self._stub.Results, pb.ResultsRequest(first=first), timeout=max(self.timeout, 60.0)
+            "Results", self._stub.Results, codec.results_request(first), timeout=max(self.timeout, 60)
         )
-        return list(reply.requests)
+        return [codec.request_from_record(record) for record in reply.requests]
 
-    def wait_ready(self, timeout: float = 60.0) -> pb.StatusReply:
+    def wait_ready(self, timeout: float = 60.0) -> ClusterStatus:
         """Wait until every worker has registered; SangamError on failure or timeout."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 reply = self._stub.Status(
-                    pb.StatusRequest(), timeout=min(self.timeout, 2.0), wait_for_ready=True
+                    codec.status_request(), timeout=min(self.timeout, 2.0), wait_for_ready=True
                 )
             except grpc.RpcError as err:
                 if time.monotonic() > deadline:
-                    raise SangamError(f"{self.address}: not reachable: {rpc.describe(err)}") from None
+                    raise SangamError(
+                        f"{self.address}: not reachable: {rpc.describe(err)}", err.code().name
+                    ) from None
             else:
-                if reply.failure:
-                    raise SangamError(reply.failure)
-                if reply.ready:
-                    return reply
+                status = codec.status_from_pb(reply)
+                if status.failure:
+                    raise SangamError(status.failure)
+                if status.ready:
+                    return status
                 if time.monotonic() > deadline:
                     raise SangamError(
-                        f"{self.address}: {reply.workers_registered} of {reply.workers_expected} workers "
+                        f"{self.address}: {status.workers_registered} of {status.workers_expected} workers "
                         f"registered after {timeout:g} s"
                     )
             time.sleep(0.05)
 
-    def cancel(self, request_id: int) -> RequestResult:
+    def cancel(self, request_id: int) -> RequestState:
         """End a queued or running request (its worker drops it); its state after the call."""
-        return RequestResult.of(self._call("Cancel", self._stub.Cancel, pb.RequestRef(request_id=request_id)))
+        return codec.state_from_pb(self._call("Cancel", self._stub.Cancel, codec.request_ref(request_id)))
 
     def shutdown(self) -> None:
-        """Ask the scheduler to stop every worker and itself."""
-        self._call("Shutdown", self._stub.Shutdown, pb.ShutdownRequest())
+        """Ask the scheduler to stop every worker and itself (needs the api key, if the server has one)."""
+        self._call("Shutdown", self._stub.Shutdown, codec.shutdown_request())
 
     def _call(
-        self, label: str, method: grpc.UnaryUnaryMultiCallable, message: object, timeout: float | None = None
+        self, label: str, method: Callable[..., Any], message: object, timeout: float | None = None
     ) -> Any:
         try:
             return method(message, timeout=timeout or self.timeout)
         except grpc.RpcError as err:
-            raise SangamError(f"{self.address}: {label}: {rpc.describe(err)}") from None
+            raise self._error(label, err) from None
+
+    def _error(self, label: str, err: grpc.RpcError) -> SangamError:
+        return SangamError(f"{self.address}: {label}: {rpc.describe(err)}", _code(err))
 
 
 class AsyncSangamClient:
@@ -245,39 +226,47 @@ class AsyncSangamClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def submit(self, submission: Submission) -> RequestResult:
+    async def submit(self, submission: Submission) -> RequestState:
         """Queue a request: its first state (status ERROR and the reason for bad input)."""
-        message = pb.SubmitRequest(
-            prompt_token_ids=list(submission.prompt),
-            gen_len=submission.gen_len,
-            sampling=codec.sampling_to_pb(submission.sampling),
-            forwards=list(submission.forwards),
-        )
+        message = codec.submission_to_pb(submission)
         reply = await self._call("Submit", self._stub.Submit(message, **self._options()))
-        status = pb.RequestStatus.Name(reply.status)
-        return RequestResult(reply.request_id, status, reply.error, (), 0, 0, False, 0.0, None, ())
+        return codec.submit_reply_from_pb(reply)
 
-    async def stream(self, request_id: int) -> AsyncIterator[RequestResult]:
-        """The current state, then one update per finished block, ending with DONE or ERROR."""
+    async def stream(self, request_id: int) -> AsyncIterator[RequestState]:
+        """The current state, then one update per finished block, ending with DONE or ERROR. When the
+        server has no stream to spare (RESOURCE_EXHAUSTED), the same updates come from polling."""
         call = self._stub.Stream(
-            pb.RequestRef(request_id=request_id), timeout=STREAM_TIMEOUT_S, metadata=self._metadata
+            codec.request_ref(request_id), timeout=STREAM_TIMEOUT_S, metadata=self._metadata
         )
         try:
             async for state in call:
-                yield RequestResult.of(state)
+                yield codec.state_from_pb(state)
+            return
         except grpc.RpcError as err:
-            raise SangamError(f"{self.address}: Stream: {rpc.describe(err)}", _code(err)) from None
+            if _code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+                raise SangamError(f"{self.address}: Stream: {rpc.describe(err)}", _code(err)) from None
         finally:
             call.cancel()
+        last: RequestState | None = None
+        while last is None or not last.finished:
+            state = await self.poll(request_id)
+            if state != last:
+                yield state
+                last = state
+            await asyncio.sleep(POLL_INTERVAL_S)
 
-    async def cancel(self, request_id: int) -> RequestResult:
+    async def poll(self, request_id: int) -> RequestState:
+        state = await self._call("Poll", self._stub.Poll(codec.request_ref(request_id), **self._options()))
+        return codec.state_from_pb(state)
+
+    async def cancel(self, request_id: int) -> RequestState:
         state = await self._call(
-            "Cancel", self._stub.Cancel(pb.RequestRef(request_id=request_id), **self._options())
+            "Cancel", self._stub.Cancel(codec.request_ref(request_id), **self._options())
         )
-        return RequestResult.of(state)
+        return codec.state_from_pb(state)
 
     async def status(self) -> ClusterStatus:
-        reply = await self._call("Status", self._stub.Status(pb.StatusRequest(), **self._options()))
+        reply = await self._call("Status", self._stub.Status(codec.status_request(), **self._options()))
         return codec.status_from_pb(reply)
 
     def _options(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ _STATUS = {
     RequestStatus.ERROR: pb.ERROR,
     RequestStatus.NOT_FOUND: pb.NOT_FOUND,
 }
+_STATUS_OF = {v: k for k, v in _STATUS.items()}
 _KIND = {TransferKind.SEND: pb.SEND, TransferKind.RECEIVE: pb.RECEIVE, TransferKind.RELEASE: pb.RELEASE}
 _KIND_OF = {v: k for k, v in _KIND.items()}
 _TIMES = ("dispatch", "prefill_start", "prefill_end", "transfer_start", "transfer_end", "decode_start", "end")
@@ -61,6 +62,29 @@ def sampling_from_pb(msg: pb.SamplingParams) -> Sampling:
         temperature=msg.temperature if msg.HasField("temperature") else None,
         seed=msg.seed if msg.HasField("seed") else None,
     )
+
+
+def request_ref(request_id: int) -> pb.RequestRef:
+    return pb.RequestRef(request_id=request_id)
+
+
+def status_request() -> pb.StatusRequest:
+    return pb.StatusRequest()
+
+
+def results_request(first: int = 0) -> pb.ResultsRequest:
+    return pb.ResultsRequest(first=first)
+
+
+def shutdown_request() -> pb.ShutdownRequest:
+    return pb.ShutdownRequest()
+
+
+def submission_to_pb(sub: Submission) -> pb.SubmitRequest:
+    return pb.SubmitRequest(
+        prompt_token_ids=sub.prompt, gen_len=sub.gen_len, sampling=sampling_to_pb(sub.sampling),
+        forwards=sub.forwards,
+    )  # fmt: skip
 
 
 def submission_from_pb(msg: pb.SubmitRequest) -> Submission:
@@ -89,8 +113,40 @@ def state_to_pb(state: RequestState) -> pb.RequestState:
     )
 
 
+def state_from_pb(msg: pb.RequestState) -> RequestState:
+    return RequestState(
+        request_id=msg.request_id,
+        status=_status_from_pb(msg.status),
+        error=msg.error,
+        token_ids=tuple(msg.token_ids),
+        blocks_done=msg.blocks_done,
+        n_blocks=msg.n_blocks,
+        eos=msg.eos,
+        arrival=msg.arrival,
+        end=msg.end,
+        forwards=tuple(msg.forwards),
+        queue_s=msg.queue_s,
+        prefill_s=msg.prefill_s,
+        decode_s=msg.decode_s,
+        transfer_s=tuple(msg.transfer_s),
+        overflow_blocks=msg.overflow_blocks,
+    )
+
+
+def _status_from_pb(value: int) -> RequestStatus:
+    status = _STATUS_OF.get(value)  # type: ignore[call-overload]
+    if status is None:
+        raise ValueError(f"unknown request status {value}")
+    return status
+
+
 def submit_reply(state: RequestState) -> pb.SubmitReply:
     return pb.SubmitReply(request_id=state.request_id, status=_STATUS[state.status], error=state.error)
+
+
+def submit_reply_from_pb(msg: pb.SubmitReply) -> RequestState:
+    """The accepted (QUEUED) or refused (ERROR, with the reason) request a Submit reply names."""
+    return RequestState(msg.request_id, _status_from_pb(msg.status), msg.error)
 
 
 def status_to_pb(status: ClusterStatus) -> pb.StatusReply:
@@ -169,6 +225,11 @@ def status_from_pb(msg: pb.StatusReply) -> ClusterStatus:
         facts=facts,
         recovery=recovery_from_pb(msg),
     )
+
+
+def empty_status() -> ClusterStatus:
+    """The status of a scheduler never heard from: nothing registered, submitted or done."""
+    return status_from_pb(pb.StatusReply())
 
 
 def record_of(req: Request) -> pb.RequestRecord:

@@ -41,7 +41,7 @@ from sangam.layout import Kind, Layout, parse_mode
 
 if TYPE_CHECKING:
     from executor.client import SangamClient
-    from executor.proto import sangam_pb2 as pb
+    from executor.messages import ClusterStatus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,7 +194,7 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 600.0) -> pb.StatusReply:
+    def start(self, timeout: float = 600.0) -> ClusterStatus:
         """Start every process; return once all workers have registered and the scheduler is ready."""
         from executor.client import SangamClient, SangamError
 

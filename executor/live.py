@@ -23,10 +23,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from executor.launcher import (
     ClusterSpec,
@@ -42,6 +43,7 @@ from executor.live_collect import Collector
 from executor.live_models import TINY_PAGES, lookup_live_model
 from executor.live_options import CPU_NUM_REQUESTS, SERVE_PORT, LiveOptions
 from executor.live_tally import LiveTally
+from executor.messages import ClusterStatus, ModelFacts, RequestState, Sampling, Submission
 from sangam.config import RunConfig, RunFiles, build_requests, load_progress, workload_points
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Kind, parse_mode
@@ -51,9 +53,6 @@ from sangam.request import Request
 from sangam.results import write_results
 from sangam.tally import Watcher
 from sangam.workload import TraceRow
-
-if TYPE_CHECKING:
-    from executor.proto import sangam_pb2 as pb
 
 MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
 SETTLE_S = 10.0  # after the last request: how long the run waits for KV sources to release their pages
@@ -227,10 +226,8 @@ def _submit_all(
     mask_id: int,
     poll: Callable[[], None],
     ids: dict[int, int],
-    in_flight: deque[tuple[int, Any]],
+    in_flight: deque[tuple[int, Future[RequestState]]],
 ) -> None:
-    from executor.proto import sangam_pb2 as pb
-
     assert cluster.client is not None
     cfg = plan.config
     prompts = cfg.rng("prompts")
@@ -240,14 +237,11 @@ def _submit_all(
         prompt = [
             t if t < mask_id else t + 1 for t in (prompts.randrange(vocab - 1) for _ in range(req.prompt_len))
         ]
-        sampling = pb.SamplingParams(
-            threshold=plan.threshold, temperature=plan.temperature, seed=seeds.getrandbits(62)
-        )
-        message = pb.SubmitRequest(
-            prompt_token_ids=prompt,
-            gen_len=BLOCK * req.n_blocks,
-            sampling=sampling,
-            forwards=list(req.steps) if plan.unmask == "schedule" else [],
+        submission = Submission(
+            tuple(prompt),
+            BLOCK * req.n_blocks,
+            Sampling(plan.threshold, plan.temperature, seeds.getrandbits(62)),
+            tuple(req.steps) if plan.unmask == "schedule" else (),
         )
         while (wait := start + req.arrival - time.monotonic()) > 0:
             cluster.check()
@@ -256,20 +250,19 @@ def _submit_all(
         while len(in_flight) >= MAX_IN_FLIGHT:  # a burst must not exceed the server's concurrent calls
             index, future = in_flight.popleft()  # a failed call ends the replay here, not at the end
             ids[_submitted(cluster, index, future).request_id] = index
-        in_flight.append((req.id, cluster.client.submit_future(message)))
+        in_flight.append((req.id, cluster.client.submit_future(submission)))
 
 
-def _submitted(cluster: LocalCluster, index: int, future: Any) -> pb.SubmitReply:
-    """The reply of request `index`'s Submit; LiveError if the call failed."""
+def _submitted(cluster: LocalCluster, index: int, future: Future[RequestState]) -> RequestState:
+    """The first state of request `index`; LiveError if its Submit failed."""
     try:
-        reply: pb.SubmitReply = future.result()
-    except Exception as err:
+        return future.result()
+    except Exception as err:  # a SangamError names the call; anything else is a bug worth one line
         cluster.check()
         failure = _failure(cluster)
         if failure:  # the cluster cannot serve any more: that is the cause
             raise LiveError(failure) from None
-        raise LiveError(f"submitting request {index} failed: {describe(err)}") from None
-    return reply
+        raise LiveError(f"submitting request {index} failed: {err}") from None
 
 
 def _failure(cluster: LocalCluster) -> str:
@@ -283,18 +276,9 @@ def _failure(cluster: LocalCluster) -> str:
         return ""
 
 
-def describe(err: BaseException) -> str:
-    """One line for a failed call."""
-    import grpc
-
-    from executor.rpc import describe as describe_rpc
-
-    return describe_rpc(err) if isinstance(err, grpc.RpcError) else f"{type(err).__name__}: {err}"
-
-
 def wait_for_all(
     cluster: LocalCluster, total: int, stall_timeout: float, poll: Callable[[], None] = lambda: None
-) -> pb.StatusReply:
+) -> ClusterStatus:
     """Until every submitted request is DONE or ERROR; LiveError on a death or a stall. `poll` runs
     while it waits."""
     assert cluster.client is not None
@@ -317,23 +301,24 @@ def wait_for_all(
         time.sleep(0.05)
 
 
-def page_leaks(status: pb.StatusReply) -> str:
+def page_leaks(status: ClusterStatus) -> str:
     """Empty if every worker has all its pages free and the router's tally agrees; else what is not.
     A lost worker (and its pages) is out of the books."""
     out = []
+    pages = status.facts.pages if status.facts is not None else 0
     for w in status.workers:
         if w.lost:
             continue
         if w.free_pages != w.pages:
             out.append(f"worker {w.worker_id} has {w.free_pages} of {w.pages} pages free")
-        if status.layout and "P" in status.layout and w.router_free != status.pages:
-            out.append(f"the router counts {w.router_free} of {status.pages} free on worker {w.worker_id}")
+        if status.layout and "P" in status.layout and w.router_free != pages:
+            out.append(f"the router counts {w.router_free} of {pages} free on worker {w.worker_id}")
     if status.transfers_in_flight:
         out.append(f"{status.transfers_in_flight} KV transfers not released")
     return "; ".join(out)
 
 
-def settle(cluster: LocalCluster, timeout: float) -> pb.StatusReply:
+def settle(cluster: LocalCluster, timeout: float) -> ClusterStatus:
     """The status once no KV transfer is in flight and every worker reported all its pages free (or
     after `timeout` seconds: `page_leaks` then says what is missing)."""
     assert cluster.client is not None
@@ -347,21 +332,40 @@ def settle(cluster: LocalCluster, timeout: float) -> pb.StatusReply:
 
 
 def rebuild(
-    records: Sequence[pb.RequestRecord], ids: dict[int, int], output_lens: Sequence[int], origin: float
+    finished: Sequence[Request], ids: dict[int, int], output_lens: Sequence[int], origin: float
 ) -> list[Request]:
-    """Finished requests with the trace's ids and lengths, times relative to `origin`, the scheduler's
-    first accepted arrival (`StatusReply.first_arrival`, the iteration log's origin too)."""
-    from executor.codec import request_from_record
-
+    """Copies of the finished requests (`SangamClient.results`) with the trace's ids and lengths, times
+    relative to `origin`, the scheduler's first accepted arrival (`ClusterStatus.first_arrival`, the
+    iteration log's origin too)."""
     requests = []
-    for record in records:
-        req = request_from_record(record, shift=origin)
-        index = ids.get(record.request_id, record.request_id)
+    for done in finished:
+        req = from_origin(done, origin)
+        index = ids.get(done.id, done.id)
         req.id = index
         if index < len(output_lens) and -(-output_lens[index] // BLOCK) == req.n_blocks:
             req.output_len = output_lens[index]  # the trace's, as the simulator counts it
         requests.append(req)
     return sorted(requests, key=lambda r: r.id)
+
+
+BLOCK_TIMES = ("ready", "dispatch", "prefill_start", "prefill_end", "transfer_start", "transfer_end",
+               "decode_start", "end")  # fmt: skip
+
+
+def from_origin(req: Request, origin: float) -> Request:
+    """A copy of `req` with every time moved by `-origin`."""
+    blocks = [
+        replace(rec, **{n: t - origin for n in BLOCK_TIMES if (t := getattr(rec, n)) is not None})
+        for rec in req.blocks
+    ]
+    return replace(req, arrival=req.arrival - origin, blocks=blocks)
+
+
+def ready_facts(status: ClusterStatus) -> ModelFacts:
+    """The model facts of a ready cluster's status (every worker has registered)."""
+    if status.facts is None:
+        raise LiveError(f"the scheduler is not ready: {status.workers_registered} workers registered")
+    return status.facts
 
 
 def run_live(
@@ -397,7 +401,7 @@ def run_live(
 
 
 @contextmanager
-def _running(plan: LivePlan, args: LiveOptions) -> Iterator[tuple[LocalCluster, pb.StatusReply]]:
+def _running(plan: LivePlan, args: LiveOptions) -> Iterator[tuple[LocalCluster, ClusterStatus]]:
     """A started cluster, stopped on the way out; its logs are kept only if something failed. A call to
     the scheduler that fails (a live but unresponsive scheduler) ends the run as a LiveError."""
     from executor.client import SangamError
@@ -455,7 +459,8 @@ def _replay(
                 tally.poll()
 
         try:
-            replay(cluster, plan, requests, status.vocab, status.mask_id, poll, ids)
+            facts = ready_facts(status)
+            replay(cluster, plan, requests, facts.vocab, facts.mask_id, poll, ids)
             wait_for_all(cluster, len(requests), args.stall_timeout, poll)
             if tally is not None:
                 tally.poll(final=True)
@@ -469,7 +474,7 @@ def _replay(
                     plan, collector, ids, output_lens, len(requests), out, _cause(cluster, err), started
                 )
             raise
-        done = {r.request_id for r in collector.records}
+        done = {r.id for r in collector.records}
         failed = [cluster.client.poll(rid) for rid in ids if rid not in done]
     finished = rebuild(collector.records, ids, output_lens, final.first_arrival)
     if not finished:
@@ -489,14 +494,13 @@ def _replay(
 
 
 def _summary(
-    plan: LivePlan, finished: list[Request], status: pb.StatusReply, started: float
+    plan: LivePlan, finished: list[Request], status: ClusterStatus, started: float
 ) -> dict[str, Any]:
     """The summary of a live run: the simulator's statistics and recovery counts, and the live facts."""
-    from executor.codec import recovery_from_pb
     from sangam.results import request_row, summarize
 
     kv_bytes = plan.config.model_spec.kv_bytes_per_token
-    summary = summarize([request_row(r) for r in finished], kv_bytes, recovery_from_pb(status))
+    summary = summarize([request_row(r) for r in finished], kv_bytes, status.recovery)
     summary.update(
         finished=len(finished),
         live_wall_s=time.monotonic() - started,
@@ -546,9 +550,9 @@ def _write_partial(
 ) -> None:
     """The results of a run that ended abnormally: every request finished before the end, and a summary
     with `"partial": true`, its cause and the counts of finished, failed and unfinished requests."""
-    from executor.proto import sangam_pb2 as pb
+    from executor.codec import empty_status
 
-    status = collector.status or pb.StatusReply()
+    status = collector.status or empty_status()
     finished = rebuild(collector.records, ids, output_lens, collector.origin)
     summary = _summary(plan, finished, status, started)
     failed = status.errors
@@ -580,7 +584,8 @@ def _serve(plan: LivePlan, args: LiveOptions, files: RunFiles) -> int:
         print(
             f"sangam live: serving {plan.model} on {cluster.address}"
             f"{' (api key required)' if plan.cluster.api_key else ''} with {len(plan.devices)} workers "
-            f"(mask buffer {status.mask_len}, {status.pages} KV pages each; logs in {cluster.log_dir}); "
+            f"(mask buffer {status.mask_len}, {ready_facts(status).pages} KV pages each; logs in "
+            f"{cluster.log_dir}); "
             "Ctrl-C to stop",
             flush=True,
         )

@@ -1,4 +1,4 @@
-"""What a replay has learnt from the scheduler so far: every finished request's record and the last status.
+"""What a replay has learnt from the scheduler so far: every finished request and the last status.
 
 The records are fetched as the run goes (only the new ones, at most once per `interval_s`), so that a run
 that ends abnormally (a lost scheduler, a failed cluster, SIGTERM or Ctrl-C) still writes every request
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from executor.client import SangamClient
-    from executor.proto import sangam_pb2 as pb
+    from executor.messages import ClusterStatus
+    from sangam.request import Request
 
 POLL_INTERVAL_S = 1.0
 
@@ -32,8 +33,8 @@ class Collector:
         self.client = client
         self.interval_s = interval_s
         self.clock = clock
-        self.records: list[pb.RequestRecord] = []
-        self.status: pb.StatusReply | None = None
+        self.records: list[Request] = []  # times in the scheduler's clock
+        self.status: ClusterStatus | None = None
         self._last = -float("inf")
 
     def poll(self) -> None:

@@ -11,7 +11,7 @@ from sangam.tally import Tally, Watcher
 
 if TYPE_CHECKING:
     from executor.client import SangamClient
-    from executor.proto import sangam_pb2 as pb
+    from sangam.request import Request
 
 
 class LiveTally:
@@ -41,7 +41,7 @@ class LiveTally:
         self.watch(Tally(status.done + status.errors, self.total, f"{status.submitted} submitted{mean}"))
 
 
-def mean_e2e_s(records: list[pb.RequestRecord]) -> float | None:
+def mean_e2e_s(finished: list[Request]) -> float | None:
     """The mean, over finished requests, of their last block's end less their arrival (None: none)."""
-    ends = [r.blocks[-1].end - r.arrival for r in records if r.blocks and r.blocks[-1].HasField("end")]
+    ends = [end - r.arrival for r in finished if r.blocks and (end := r.blocks[-1].end) is not None]
     return sum(ends) / len(ends) if ends else None

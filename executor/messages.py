@@ -7,17 +7,19 @@ Times are seconds of the host's `time.monotonic()`, which every process of one h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from sangam.results import RecoveryCounts
 
 
-class RequestStatus(Enum):
-    QUEUED = "queued"  # accepted, first block not yet dispatched
-    RUNNING = "running"  # a block is dispatched to a worker or being denoised
-    DONE = "done"
-    ERROR = "error"  # `error` says why: bad input, a failed transfer, or the cluster failed
-    NOT_FOUND = "not found"  # a poll or stream of an unknown id
+class RequestStatus(StrEnum):
+    """A request's status; each value is its name (as in sangam.proto), so it compares equal to "DONE"."""
+
+    QUEUED = "QUEUED"  # accepted, first block not yet dispatched
+    RUNNING = "RUNNING"  # a block is dispatched to a worker or being denoised
+    DONE = "DONE"
+    ERROR = "ERROR"  # `error` says why: bad input, a failed transfer, or the cluster failed
+    NOT_FOUND = "NOT_FOUND"  # a poll or stream of an unknown id
 
     @property
     def terminal(self) -> bool:
@@ -72,6 +74,11 @@ class RequestState:
     decode_s: float = 0.0
     transfer_s: tuple[float, ...] = ()  # each KV transfer's duration
     overflow_blocks: int = 0  # blocks whose prefill overflowed to a colocated worker (hybrid)
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will change: DONE, ERROR, or an unknown id."""
+        return self.status.terminal or self.status is RequestStatus.NOT_FOUND
 
 
 @dataclass(frozen=True, slots=True)

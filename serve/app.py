@@ -26,8 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from executor.client import RequestResult, SangamError
-from executor.messages import ClusterStatus, Sampling, Submission, WorkerState
+from executor.client import SangamError
+from executor.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
 from sangam.hardware import BLOCK, pages_for
 from serve import protocol as api
 from serve.backend import Backend, Limits, ServingState
@@ -269,7 +269,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
     async def blocks(job: Job, output: Output) -> AsyncIterator[str]:
         """The text each committed block adds, until the output is final; the request's metrics once
         it ends, and a cancel at the scheduler if the caller stops listening before that."""
-        last: RequestResult | None = None
+        last: RequestState | None = None
         reason, consumed = "abort", 0
         try:
             try:
@@ -295,7 +295,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         finally:
             end(job, output, last, reason)
 
-    def end(job: Job, output: Output, last: RequestResult | None, reason: str) -> None:
+    def end(job: Job, output: Output, last: RequestState | None, reason: str) -> None:
         """The request is over for its client (once; later calls do nothing): its metrics, and a cancel
         at the scheduler unless it ended there (the client left, or the output ended early)."""
         if state.requests.pop(job.request_id, None) is None:

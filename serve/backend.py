@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from executor.client import AsyncSangamClient, RequestResult
-from executor.messages import ClusterStatus, Submission
+from executor.client import AsyncSangamClient
+from executor.messages import ClusterStatus, RequestState, Submission
 
 STREAMS = 96  # Streams open at once, below the scheduler's bounds per connection (128) and in all (192)
 
@@ -69,10 +69,10 @@ class ServingState:
 class Backend(Protocol):
     """The scheduler as the app sees it (`executor.client.AsyncSangamClient`'s calls)."""
 
-    async def submit(self, submission: Submission) -> RequestResult:
+    async def submit(self, submission: Submission) -> RequestState:
         """Queue a request: its first state (ERROR and the reason when the scheduler refuses it)."""
 
-    def stream(self, request_id: int) -> AsyncIterator[RequestResult]:
+    def stream(self, request_id: int) -> AsyncIterator[RequestState]:
         """The request's state, then one update per finished block, until DONE or ERROR."""
 
     async def cancel(self, request_id: int) -> None:
@@ -103,10 +103,10 @@ class ClusterBackend:
             self._client = AsyncSangamClient(self.address, api_key=self.api_key)
         return self._client
 
-    async def submit(self, submission: Submission) -> RequestResult:
+    async def submit(self, submission: Submission) -> RequestState:
         return await self._connected().submit(submission)
 
-    async def stream(self, request_id: int) -> AsyncIterator[RequestResult]:
+    async def stream(self, request_id: int) -> AsyncIterator[RequestState]:
         async with self._streams:
             async for update in self._connected().stream(request_id):
                 yield update

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from executor.client import RequestResult
-from executor.messages import WorkerState
+from executor.messages import RequestState, WorkerState
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 FORWARD_BUCKETS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32)
@@ -67,7 +66,7 @@ class Metrics:
         self._model = model
 
     def finished(
-        self, result: RequestResult | None, e2e_s: float, reason: str, prompt: int, generated: int
+        self, result: RequestState | None, e2e_s: float, reason: str, prompt: int, generated: int
     ) -> None:
         """A request ended (`reason`: stop, length, abort or error) in its last state `result`."""
         self._success.labels(model_name=self._model, finished_reason=reason).inc()

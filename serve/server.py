@@ -22,7 +22,7 @@ import uvicorn
 
 from executor.client import SangamError
 from executor.launcher import LiveError, LocalCluster
-from executor.live import LivePlan, plural, write_served
+from executor.live import LivePlan, plural, ready_facts, write_served
 from executor.live_collect import Collector
 from executor.live_options import LiveOptions
 from serve.app import AppConfig, create_app
@@ -103,12 +103,13 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
         nonlocal collected
         try:
             status = cluster.start(live.startup_timeout)
+            facts = ready_facts(status)
             backend.address = cluster.address
             state.limits = Limits(
-                plan.model, status.vocab, status.mask_id, tuple(status.eos_ids), status.mask_len,
-                status.context_len, status.pages,
+                plan.model, facts.vocab, facts.mask_id, facts.eos_ids, status.mask_len, facts.context_len,
+                facts.pages,
             )  # fmt: skip
-            warning = eos_mismatch(tokenizer, status.eos_ids)
+            warning = eos_mismatch(tokenizer, facts.eos_ids)
             if warning:
                 print(f"sangam serve: warning: {warning}", file=sys.stderr, flush=True)
             devices = ", ".join(sorted(set(plan.devices)))

@@ -17,8 +17,7 @@ import httpx
 import uvicorn
 from live_helpers import subprocess_env
 
-from executor.client import RequestResult
-from executor.messages import ClusterStatus, Submission, WorkerState
+from executor.messages import ClusterStatus, RequestState, RequestStatus, Submission, WorkerState
 from serve.app import AppConfig, create_app
 from serve.backend import Limits, ServingState
 from serve.server import listen
@@ -46,13 +45,13 @@ class FakeBackend:
     cancelled: list[int] = field(default_factory=list)
     _subs: dict[int, Submission] = field(default_factory=dict)
 
-    async def submit(self, submission: Submission) -> RequestResult:
+    async def submit(self, submission: Submission) -> RequestState:
         rid = len(self.submitted)
         self.submitted.append(submission)
         self._subs[rid] = submission
         return result(rid, "QUEUED", [], 0, submission.gen_len // 32)
 
-    async def stream(self, request_id: int) -> AsyncIterator[RequestResult]:
+    async def stream(self, request_id: int) -> AsyncIterator[RequestState]:
         sub = self._subs[request_id]
         n_blocks = sub.gen_len // 32
         yield result(request_id, "QUEUED", [], 0, n_blocks)
@@ -82,8 +81,10 @@ class FakeBackend:
 
 def result(
     rid: int, status: str, ids: Sequence[int], blocks: int, n_blocks: int, *, eos: bool = False
-) -> RequestResult:
-    return RequestResult(rid, status, "", tuple(ids), blocks, n_blocks, eos, 0.0, None, (3,) * blocks)
+) -> RequestState:
+    return RequestState(
+        rid, RequestStatus(status), "", tuple(ids), blocks, n_blocks, eos, 0.0, 0.0, (3,) * blocks
+    )
 
 
 @contextmanager

@@ -2,11 +2,13 @@
 against real scheduler and worker processes on CPU, and is refused; the normal path still works.
 
 One cluster serves the attacks: `1P1D` with an api key, whose first request (id 0) stalls in its KV
-transfer, so that it stays RUNNING while streams wait on it and forged reports name it.
+transfer for the whole module (its workers are not declared lost meanwhile), so that it stays RUNNING
+while streams wait on it and forged reports name it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,14 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from live_helpers import REPO_ROOT, connected_ports, listening_ports, replay, subprocess_env, write_trace
 
 from executor import auth, rpc, scheduler
-from executor.client import SangamClient, SangamError
+from executor.client import AsyncSangamClient, SangamClient, SangamError
 from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
 from executor.live_options import API_KEY_ENV, LiveOptions, with_env_api_key
+from executor.messages import RequestState
 from executor.proto import sangam_pb2 as pb
+from executor.proto import sangam_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,8 +38,8 @@ ATTACKER = REPO_ROOT / "tests" / "attacker.py"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     spec = ClusterSpec(
-        cpu_workers(2), mode="1P1D", mask_len=64, pages=128, api_key=KEY, transfer_timeout=60.0,
-        transfer_attempts=1, fault_stall_recv=0,
+        cpu_workers(2), mode="1P1D", mask_len=64, pages=128, api_key=KEY, transfer_timeout=600.0,
+        transfer_attempts=1, fault_stall_recv=0, worker_timeout=600.0,
     )  # fmt: skip
     with LocalCluster(spec) as started:
         started.start(timeout=60)
@@ -170,6 +175,25 @@ def test_undecodable_requests_get_invalid_argument_and_no_traceback(cluster: Loc
         assert "Traceback" not in text and "undecodable" in text, child.name
 
 
+def test_without_an_api_key_the_client_port_is_open_but_its_shutdown_needs_the_secret() -> None:
+    spec = ClusterSpec(cpu_workers(1), mask_len=64, pages=64)
+    with LocalCluster(spec) as open_cluster:
+        open_cluster.start(timeout=60)
+        address = open_cluster.address
+        shutdown = scheduler_method("Shutdown")
+        calls = [raw(address, scheduler_method("Status"), pb.StatusRequest())]
+        calls += [raw(address, shutdown, pb.ShutdownRequest(), token) for token in (None, "guess")]
+        outcomes = attack(calls)
+        assert [o["code"] for o in outcomes] == ["OK", "UNAUTHENTICATED", "UNAUTHENTICATED"]
+        assert open_cluster.client is not None
+        rid = open_cluster.client.submit([1, 2, 3], 32, forwards=[2])
+        assert open_cluster.client.wait(rid, timeout=30).status == "DONE"
+        scheduler_proc = open_cluster.children[0].proc
+        open_cluster.client.shutdown()  # the launcher's client presents the secret
+        assert scheduler_proc.wait(timeout=15) == 0
+    open_cluster.remove_logs()
+
+
 def test_the_secret_reaches_the_children_only_through_stdin(cluster: LocalCluster) -> None:
     for child in cluster.children:
         cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes()
@@ -219,26 +243,44 @@ def hold_streams(address: str, count: int, connections: int) -> tuple[subprocess
     return proc, json.loads(proc.stdout.readline())
 
 
+async def first_async_update(address: str) -> RequestState:
+    client = AsyncSangamClient(address, api_key=KEY)
+    updates = client.stream(0)
+    try:
+        return await anext(updates)
+    finally:
+        await updates.aclose()
+        await client.close()
+
+
 def test_open_streams_never_starve_submit_status_and_health(cluster: LocalCluster) -> None:
     """300 Streams from one connection, then 200 more from two others: the server keeps 128 per
     connection and 192 in all, refuses the rest at once with RESOURCE_EXHAUSTED, and Submit, Status
-    and health keep answering meanwhile. Last in this module: the server frees a cancelled stream's
-    slot within a second, not at once."""
+    and health keep answering meanwhile; the clients, refused a stream, poll. Last in this module: the
+    server frees a cancelled stream's slot within a second, not at once."""
     one, first = hold_streams(cluster.address, 300, connections=1)
     two, second = hold_streams(cluster.address, 200, connections=2)
     try:
-        assert first == {"open": scheduler.CLIENT_STREAMS_PER_PEER, "ended": {"RESOURCE_EXHAUSTED": 172}}
-        assert second == {"open": 64, "ended": {"RESOURCE_EXHAUSTED": 136}}
         with SangamClient(cluster.address, api_key=KEY, timeout=5.0) as client:
             for _ in range(20):
                 assert client.status().ready
                 reply = client.submit_reply([1, 2, 3], 0)  # refused as bad input: nothing runs
-                assert reply.status == pb.ERROR and "gen" in reply.error
+                assert reply.status == "ERROR" and "gen" in reply.error
             ch = rpc.channel(cluster.address)
             assert rpc.check_health(ch) is None
             ch.close()
-            with pytest.raises(SangamError, match="RESOURCE_EXHAUSTED: too many open streams"):
-                next(iter(client.stream(0)))
+            stub = pb_grpc.SchedulerStub(raw_channel := rpc.channel(cluster.address, KEY))
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.Stream(pb.RequestRef(request_id=0), timeout=5))
+            raw_channel.close()
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "too many open streams" in (refused.value.details() or "")
+            # the clients, refused a stream, poll instead
+            assert next(iter(client.stream(0, timeout=5))).status == "RUNNING"
+            assert client.wait(10**9, timeout=5).status == "NOT_FOUND"
+            assert asyncio.run(first_async_update(cluster.address)).status == "RUNNING"
+        assert first == {"open": scheduler.CLIENT_STREAMS_PER_PEER, "ended": {"RESOURCE_EXHAUSTED": 172}}
+        assert second == {"open": 64, "ended": {"RESOURCE_EXHAUSTED": 136}}
     finally:
         for proc in (one, two):
             proc.communicate(timeout=30)

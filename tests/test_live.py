@@ -22,8 +22,8 @@ from cli.live import run as run_live
 from executor.client import SangamClient, SangamError
 from executor.codec import record_of, request_from_record
 from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
+from executor.messages import RequestStatus
 from executor.models.config import TINY_CONTEXT
-from executor.proto import sangam_pb2 as pb
 from sangam.config import RunConfig, build_requests, with_arrival_times
 from sangam.progress import parse_progress
 from sangam.request import BlockRecord, Request
@@ -129,7 +129,7 @@ def test_bad_inputs_get_errors_and_leave_others_untouched(client: SangamClient) 
     replies = {reason: client.submit_reply(prompt, gen) for reason, (prompt, gen) in bad.items()}
     also_good = client.submit([1] * (too_long - 1), 32)
     for reason, reply in replies.items():
-        assert reply.status == pb.ERROR and reason in reply.error, (reason, reply.error)
+        assert reply.status is RequestStatus.ERROR and reason in reply.error, (reason, reply.error)
         polled = client.poll(reply.request_id)
         assert polled.status == "ERROR" and polled.error == reply.error
         assert "\n" not in reply.error
@@ -138,7 +138,7 @@ def test_bad_inputs_get_errors_and_leave_others_untouched(client: SangamClient) 
         assert result.status == "DONE", result.error
         assert len(result.token_ids) == gen_len and MASK_ID not in result.token_ids
     bad_plan = client.submit_reply([1, 2], 64, forwards=[3])
-    assert bad_plan.status == pb.ERROR and "planned forwards" in bad_plan.error
+    assert bad_plan.status is RequestStatus.ERROR and "planned forwards" in bad_plan.error
     assert client.poll(10**9).status == "NOT_FOUND"
 
 
@@ -157,8 +157,8 @@ def test_forced_schedule_runs_each_block_in_exactly_its_forwards(
     assert kinds == expected
     context = 20 + SERVED_MASK_LEN
     assert all(row["items"].endswith(f":{context}") for row in rows)
-    record = next(r for r in client.results() if r.request_id == result.request_id)
-    assert list(record.forwards) == planned and len(record.blocks) == len(planned)
+    record = next(r for r in client.results() if r.id == result.request_id)
+    assert list(record.steps) == planned and len(record.blocks) == len(planned)
 
 
 def test_client_submit_stream_poll_wait(client: SangamClient) -> None:
@@ -177,8 +177,9 @@ def test_client_submit_stream_poll_wait(client: SangamClient) -> None:
     assert client.poll(rid) == final
     assert client.wait(rid, timeout=10) == final
     status = client.status()
-    assert status.ready and status.vocab == VOCAB and status.mask_id == MASK_ID
-    assert status.mask_len == SERVED_MASK_LEN and status.pages == SERVED_PAGES
+    assert status.ready and status.facts is not None
+    assert status.facts.vocab == VOCAB and status.facts.mask_id == MASK_ID
+    assert status.mask_len == SERVED_MASK_LEN and status.facts.pages == SERVED_PAGES
 
 
 def test_record_round_trip_keeps_every_time() -> None:

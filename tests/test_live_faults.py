@@ -168,11 +168,11 @@ def test_a_restarted_worker_registers_again_and_takes_work(tmp_path: Path) -> No
             time.sleep(0.1)
         ids = [client.submit(list(range(1, 21)), 64, forwards=[3, 3]) for _ in range(6)]
         assert all(client.wait(rid, timeout=60).status == "DONE" for rid in ids)
-        records = {r.request_id: r for r in client.results()}
+        records = {r.id: r for r in client.results()}
         status = client.status()
     assert cluster.exits == [f"worker 2 (pid {old}) was killed by SIGKILL"] and cluster.restarts == 1
     assert {b.decode_worker for rid in ids for b in records[rid].blocks} == {1, 2}
-    assert status.workers_lost == 1 and not any(w.lost for w in status.workers)
+    assert status.recovery.workers_lost == 1 and not any(w.lost for w in status.workers)
     assert (status.transfers_failed, status.transfers_done) == (0, 12)
     assert (tmp_path / "logs" / "worker-2-restart1.log").exists()
 

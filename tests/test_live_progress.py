@@ -12,24 +12,30 @@ import pytest
 from live_helpers import replay, write_trace
 
 from executor.live_tally import LiveTally, mean_e2e_s
-from executor.proto import sangam_pb2 as pb
+from executor.messages import ClusterStatus
+from sangam.request import BlockRecord, Request
 from sangam.tally import Tally
 
 
-def record(arrival: float, end: float | None) -> pb.RequestRecord:
-    block = pb.BlockTimes(ready=arrival) if end is None else pb.BlockTimes(ready=arrival, end=end)
-    return pb.RequestRecord(arrival=arrival, blocks=[pb.BlockTimes(ready=arrival, end=arrival + 0.5), block])
+def record(arrival: float, end: float | None) -> Request:
+    """A request of two blocks, the last ending at `end` (None: still running)."""
+    first = BlockRecord(ready=arrival, end=arrival + 0.5)
+    return Request(0, arrival, 4, 64, 64, (1, 1), blocks=[first, BlockRecord(ready=arrival + 0.5, end=end)])
 
 
 class FakeClient:
     def __init__(self) -> None:
         self.done, self.records, self.calls = 0, [record(0.0, 2.0)], {"status": 0, "results": 0}
 
-    def status(self) -> pb.StatusReply:
+    def status(self) -> ClusterStatus:
         self.calls["status"] += 1
-        return pb.StatusReply(submitted=5, done=self.done, errors=1)
+        return ClusterStatus(
+            ready=True, workers_expected=1, workers_registered=1, submitted=5, done=self.done, errors=1,
+            iterations=0, failure="", mask_len=64, layout="1C", transfers_done=0, transfers_failed=0,
+            transfer_retries=0, transfers_in_flight=0, first_arrival=0.0, workers=(), facts=None,
+        )  # fmt: skip
 
-    def results(self) -> list[pb.RequestRecord]:
+    def results(self) -> list[Request]:
         self.calls["results"] += 1
         return self.records
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
 
-from executor.client import RequestResult, SangamError
-from executor.messages import ClusterStatus, Submission
+from executor.client import SangamError
+from executor.messages import ClusterStatus, RequestState, Submission
 from serve.app import Output
 from serve.backend import ServingState
 from serve.server import listen
@@ -321,7 +321,7 @@ def test_a_scheduler_that_cannot_take_the_request_is_503_and_one_at_its_call_lim
     with app_server(backend) as (url, _):
         for code, status in (("UNAVAILABLE", 503), ("RESOURCE_EXHAUSTED", 429)):
 
-            async def refuse(submission: Submission, code: str = code) -> RequestResult:
+            async def refuse(submission: Submission, code: str = code) -> RequestState:
                 raise SangamError(f"scheduler: Submit: {code}: worker 0 lost and 1C has no worker left", code)
 
             backend.submit = refuse  # type: ignore[method-assign]

@@ -77,6 +77,7 @@ def hf_config_json(config: ModelConfig) -> dict[str, object]:
             "block_type": "llama",
             "mask_token_id": config.mask_id,
             "eos_token_id": config.eos_ids[0],
+            "max_sequence_length": config.context_len,
         }
     return {
         "architectures": ["DreamModel"],
@@ -93,6 +94,7 @@ def hf_config_json(config: ModelConfig) -> dict[str, object]:
         "tie_word_embeddings": False,
         "mask_token_id": config.mask_id,
         "eos_token_id": config.eos_ids[0],
+        "max_position_embeddings": config.context_len,
     }
 
 

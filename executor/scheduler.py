@@ -1,6 +1,6 @@
 """The central scheduler process: the same `sangam.router.Router` as the simulator, driven by live events.
 
-    python -m executor.scheduler --workers N [--mask-len 1024] [--port 50051] ...
+    python -m executor.scheduler < spec.json   # an executor.process_specs.SchedulerLaunch on stdin
 
 The decisions live in `executor.scheduler_state.SchedulerState` (and the KV transfers' state machine in
 `executor.transfers`); this module gives them threads and gRPC. All state changes happen on one core

@@ -1,6 +1,6 @@
 """A live worker process: a gRPC front end and one loop thread that drives an `executor.engine.Engine`.
 
-    python -m executor.worker --worker-id 0 --scheduler 127.0.0.1:PORT [--model tiny-llada] ...
+    python -m executor.worker < spec.json   # an executor.process_specs.WorkerLaunch on stdin
 
 Threads:
 - gRPC handlers (`Enqueue`, `Shutdown`, grpc.health.v1) validate and push blocks and drops onto a
@@ -17,7 +17,7 @@ Threads:
 - the hang watch (`executor.hang_watch`) marks the worker unhealthy if one iteration runs too long.
 
 Disaggregated and hybrid layouts (`--mode <n>P<m>D|C`) give each worker a role; a prefill worker's
-Batcher hands prefilled blocks off (budget `--prefill-budget`) and `TransferOrder`s arrive through
+Batcher hands prefilled blocks off (its prefill budget) and `TransferOrder`s arrive through
 `Enqueue`. Transfer results go out as `TransferEvent`s in the same report stream, each batch also carrying
 the pool's free pages.
 """

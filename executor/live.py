@@ -571,7 +571,9 @@ def write_served(plan: LivePlan, collected: Collector, out: Path, cause: str | N
 
     finished = rebuild(collected.records, {}, [], collected.origin)
     if finished:
-        summary = summarize([request_row(r) for r in finished], plan.config.model_spec.kv_bytes_per_token)
+        recovery = collected.status.recovery if collected.status is not None else None
+        kv_bytes = plan.config.model_spec.kv_bytes_per_token
+        summary = summarize([request_row(r) for r in finished], kv_bytes, recovery)
         summary["config"] = plan.resolved()
         summary.update(partial=cause is not None, **({"partial_cause": cause} if cause else {}))
         write_results(out, finished, summary)

@@ -204,4 +204,6 @@ def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Pa
     assert not wait_gone(children, 10), "a scheduler or worker outlived sangam serve"
     rows = (out / "requests.csv").read_text().splitlines()
     assert len(rows) == 2  # header and the drained request
-    assert json.loads((out / "summary.json").read_text())["partial"] is False
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is False
+    assert (summary["workers_lost"], summary["requests_failed"]) == (0, 0)  # the run's recovery counts

@@ -18,7 +18,6 @@ from typing import Any
 
 from calib.points import PointKey, PointRunner
 from profiles.testbeds import load_testbed
-from sangam.args import positive_int
 from sangam.options import option
 from sangam.results import percentile, request_row
 
@@ -176,13 +175,12 @@ def figure_list(text: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class ReproduceOptions:
-    """Where `sangam reproduce` writes and how many processes it runs."""
+    """Where `sangam reproduce` writes and which figures it runs (its processes: `EngineOptions.jobs`)."""
 
     out: Path | None = option(
         None, "write the figures' PNGs, claims.csv and points.csv here", parse=Path, metavar="DIR",
         default_text="results/reproduce-TESTBED",
     )  # fmt: skip
-    jobs: int = option(2, "simulations at once (processes)", parse=positive_int)
     figures: tuple[str, ...] = option(
         tuple(FIGURES), "only these figures (and the paper's numbers they hold)", parse=figure_list,
         many=True, default_text="all: " + " ".join(FIGURES),

@@ -18,10 +18,12 @@ REQUESTS = 2000  # per point: half the paper's 4000, so that the whole run takes
 
 def add_parser(commands: Any, name: str) -> None:
     from calib.reproduce import ReproduceOptions
+    from sim.engines import EngineOptions
     from sim.options import SimOptions
 
     parser = commands.add_parser(name, help="re-run the paper's Figures 5, 8-12 and its stated numbers")
     add_options(parser, ReproduceOptions)
+    add_options(parser, EngineOptions, only=("jobs",))
     add_options(parser, SimOptions, only=("testbed",), default_text={"testbed": "sangam-h100"})
     add_options(parser, RunConfig, only=("num_requests", "seed"), defaults={"num_requests": REQUESTS})
 
@@ -31,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from calib.figures import PLOTS
     from calib.reproduce import ReproduceOptions, run_tasks, tasks
     from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_path
+    from sim.engines import EngineOptions, local_jobs
 
     options = collect(ReproduceOptions, args)
+    jobs = local_jobs(collect(EngineOptions, args))
     testbed = choose_testbed(args.testbed, None)
     source = args.testbed if args.testbed and testbed_path(args.testbed).is_file() else testbed.name
     out = options.out or Path("results") / f"reproduce-{testbed.name}"
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"\r{done}/{total} points", end="", file=sys.stderr, flush=True)
 
-    results = run_tasks(work, options.jobs, progress)
+    results = run_tasks(work, jobs, progress)
     wall = time.perf_counter() - started
     if sys.stderr.isatty():
         print(file=sys.stderr)
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     busy = sum(r.summary["sim_wall_s"] for r in results.values())
     print(
         f"\n{len(work)} points on testbed {testbed.name}, {args.num_requests} requests each, "
-        f"seed {args.seed}, in {wall:.0f} s on {options.jobs} processes ({busy:.0f} s of simulation); "
+        f"seed {args.seed}, in {wall:.0f} s on {jobs} processes ({busy:.0f} s of simulation); "
         f"orderings that hold: {sum(held)} of {len(held)}"
     )
     print(f"wrote {', '.join(p.name for p in paths)}, claims.csv and points.csv to {out}")

@@ -29,8 +29,8 @@ LOCAL_RAY = "local"  # `--ray` without an address: start a local Ray instance (o
 class EngineOptions:
     """Which engine runs the points of `sangam sweep` and `sangam search`."""
 
-    jobs: int = option(
-        os.cpu_count() or 1, "simulations run at once, in a local process pool (1: in this process)",
+    jobs: int | None = option(
+        None, "simulations run at once, in a local process pool (1: in this process)",
         parse=positive_int, aliases=("-j",), default_text="the number of cores",
     )  # fmt: skip
     ray: str | None = option(
@@ -49,8 +49,17 @@ class Engine(Protocol):
 
 
 def runner(options: EngineOptions) -> Engine:
-    """The engine the options choose: Ray if `--ray` was given, else the local pool."""
-    return RayTasks(options.ray) if options.ray is not None else LocalPool(options.jobs)
+    """The engine the options choose: Ray if `--ray` was given, else the local pool; ValueError for both."""
+    if options.ray is None:
+        return LocalPool(local_jobs(options))
+    if options.jobs is not None:
+        raise ValueError("--jobs is for the local pool: with --ray, the Ray cluster's CPUs set how many run")
+    return RayTasks(options.ray)
+
+
+def local_jobs(options: EngineOptions) -> int:
+    """How many processes the local pool runs: `--jobs`, else one per core."""
+    return options.jobs or os.cpu_count() or 1
 
 
 class LocalPool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -72,8 +73,16 @@ def test_the_option_picks_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sim.engines.RayTasks", lambda address: chosen.append(("ray", address)))
     monkeypatch.setattr("sim.engines.LocalPool", lambda jobs: chosen.append(("pool", jobs)))
     runner(EngineOptions(jobs=3))
-    runner(EngineOptions(jobs=3, ray="head:6379"))
-    assert chosen == [("pool", 3), ("ray", "head:6379")]
+    runner(EngineOptions(ray="head:6379"))
+    runner(EngineOptions())
+    assert chosen == [("pool", 3), ("ray", "head:6379"), ("pool", os.cpu_count() or 1)]
+
+
+def test_jobs_with_ray_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["sweep", *GRID, "--ray", "--jobs", "2", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sangam: error: --jobs is for the local pool") and err.count("\n") == 1
+    assert not (tmp_path / "sweep.csv").exists()  # refused before any point ran
 
 
 def test_without_ray_installed_ray_is_a_one_line_error(

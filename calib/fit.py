@@ -1,11 +1,14 @@
-"""`sangam fit`: a testbed's forwards per block fitted to observed load-curve points, or measured.
+"""`sangam fit`: a testbed's forwards per block (and, if asked, its time scales per iteration kind) fitted
+to observed load-curve points, or forwards per block measured.
 
 From targets (`calib.targets`): for each (model, trace) its beta-binomial's mean (and, if asked, its
 spread) is chosen by `scipy.optimize` so that the simulated metrics of the targets come closest to the
-observed ones, in the weighted mean of squared log ratios. Every evaluation simulates the same requests
-(the same seed, hence the same lengths and arrival gaps) and draws each block's forwards from the same
-uniforms by inverse CDF, so the objective moves smoothly with the parameters (common random numbers).
-A leave-one-out check refits without each point and predicts it.
+observed ones, in the weighted mean of squared log ratios. With `--scales KIND...` each model's profile
+also gets a free multiplier of its iteration times per kind (`sangam.cost.TimeScales`), shared by the
+model's traces, so a model's pairs are then fitted together. Every evaluation simulates the same
+requests (the same seed, hence the same lengths and arrival gaps) and draws each block's forwards from
+the same uniforms by inverse CDF, so the objective moves smoothly with the parameters (common random
+numbers). A leave-one-out check refits without each point and predicts it.
 
 From live runs (`--blocks`): the forwards of every block in their blocks.csv, per (model, trace),
 become an empirical model (`counts:D=N,...`).
@@ -18,23 +21,29 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
+from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import BLOCK
 from sangam.options import option
 from sangam.progress import counts_spec
-from sangam.testbed import ProgressEntry, Testbed
+from sangam.testbed import ProgressEntry, Sourced, Testbed
 from sangam.workload import MASK_LEN
 
 TRIALS = BLOCK - 1  # a block's forwards are 1 + BetaBinomial(31, a, b)
 MEAN_BOUNDS = (1.5, 30.0)
 DISPERSION_BOUNDS = (0.005, 0.9)  # rho = 1 / (a + b + 1): 0 is binomial, 1 all-or-nothing
-FREE = ("mean", "mean+std")
+SCALE_BOUNDS = (0.2, 5.0)  # a time scale's search range
+FREE = ("mean", "mean+std", "none")
+PER_PAIR = {"none": 0, "mean": 1, "mean+std": 2}  # free forwards-per-block parameters of a pair
+KINDS = tuple(kind.value for kind in IterationKind)
+
+Pair = tuple[str, str]  # (model, trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +59,23 @@ class FitOptions:
         parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
     free: str = option(
-        "mean", "free parameters per model and trace: the mean, or mean and spread", choices=FREE
-    )
+        "mean", "free forwards-per-block parameters per model and trace: the mean, mean and spread, or "
+        "none (keep the base testbed's, e.g. measured by --blocks; then give --scales)", choices=FREE,
+    )  # fmt: skip
+    scales: tuple[str, ...] = option(
+        (), "also fit a scale of each model's iteration times per kind: prefill (prefills only), decode "
+        "(decodes only), mixed (prefills with decodes)", many=True, choices=KINDS, metavar="KIND",
+        default_text="none",
+    )  # fmt: skip
     name: str | None = option(None, "the new testbed's name", default_text="the base testbed's name + '-fit'")
     out: Path | None = option(
         None, "the new testbed's file", parse=Path, metavar="FILE",
         default_text="profiles/data/testbeds/NAME.json",
     )  # fmt: skip
+
+    @property
+    def kinds(self) -> tuple[IterationKind, ...]:
+        return tuple(IterationKind(k) for k in self.scales)
 
 
 def spread(mean: float, rho: float) -> float:
@@ -83,51 +102,110 @@ def start_of(spec: str) -> tuple[float, float]:
 
 
 @dataclass(frozen=True, slots=True)
+class Space:
+    """The free parameters of one fit, as the vector the optimiser moves: `PER_PAIR[free]` of each pair's
+    forwards per block (its mean, then its dispersion), then the model's time scale of each of `kinds`."""
+
+    pairs: tuple[Pair, ...]
+    free: str
+    kinds: tuple[IterationKind, ...]
+    starts: tuple[tuple[float, float], ...]  # each pair's (mean, rho) to start from
+    kept: tuple[str, ...]  # each pair's spec where its forwards are not free
+    base_scales: TimeScales  # the scales of the kinds not free
+
+    @property
+    def size(self) -> int:
+        return PER_PAIR[self.free] * len(self.pairs) + len(self.kinds)
+
+    def start(self) -> list[float]:
+        n = PER_PAIR[self.free]
+        return [v for start in self.starts for v in start[:n]] + [self.base_scales.of(k) for k in self.kinds]
+
+    def bounds(self) -> list[tuple[float, float]]:
+        return [MEAN_BOUNDS, DISPERSION_BOUNDS][: PER_PAIR[self.free]] * len(self.pairs) + [
+            SCALE_BOUNDS
+        ] * len(self.kinds)
+
+    def forwards(self, x: Sequence[float]) -> list[tuple[float, float] | None]:
+        """Each pair's fitted (mean, rho) at `x` (None where its forwards are kept)."""
+        n = PER_PAIR[self.free]
+        if n == 0:
+            return [None] * len(self.pairs)
+        return [(x[i * n], x[i * n + 1] if n == 2 else start[1]) for i, start in enumerate(self.starts)]
+
+    def specs(self, x: Sequence[float]) -> dict[Pair, str]:
+        return {
+            pair: betabinom(*fitted) if fitted is not None else kept
+            for pair, fitted, kept in zip(self.pairs, self.forwards(x), self.kept, strict=True)
+        }
+
+    def scales(self, x: Sequence[float]) -> TimeScales:
+        free = x[PER_PAIR[self.free] * len(self.pairs) :]
+        changed = {k.value: round(float(v), 4) for k, v in zip(self.kinds, free, strict=True)}  # as written
+        return dataclasses.replace(self.base_scales, **changed)
+
+
+@dataclass(frozen=True, slots=True)
 class PointFit:
     target: Target
     simulated: float  # at the fitted parameters
-    held_out: float | None  # predicted by a fit without this point (None: it is the pair's only point)
+    held_out: float | None  # predicted by a fit without this point (None: it is the fit's only point)
 
 
 @dataclass(frozen=True, slots=True)
 class PairFit:
+    """Forwards per block of one (model, trace) after a fit: fitted (mean and rho), or kept."""
+
     model: str
     trace: str
-    mean: float
-    rho: float
+    spec: str
+    mean: float | None  # None: kept (`--free none`)
+    rho: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """One fit: a (model, trace), or with time scales free, a model and all its traces."""
+
+    pairs: tuple[PairFit, ...]
+    kinds: tuple[IterationKind, ...]  # the time scales fitted
+    scales: TimeScales  # the model's scales after the fit (the kinds not fitted: the base testbed's)
     objective: float
     evaluations: int
     points: tuple[PointFit, ...]
 
     @property
-    def spec(self) -> str:
-        return betabinom(self.mean, self.rho)
+    def model(self) -> str:
+        return self.pairs[0].model
 
 
 class Objective:
-    """The simulated metrics of a pair's targets at a forwards-per-block spec, each simulation once."""
+    """The simulated metrics of a fit's targets at given forwards per block and time scales, each
+    simulation once."""
 
     def __init__(self, sim: PointRunner, targets: Sequence[Target], num_requests: int, seed: int) -> None:
         self.sim, self.targets, self.num_requests, self.seed = sim, list(targets), num_requests, seed
-        self._seen: dict[tuple[PointKey, str], dict[str, Any]] = {}  # summaries by point and spec
+        self._seen: dict[tuple[PointKey, str, TimeScales], dict[str, Any]] = {}  # summaries by input
 
     @property
     def evaluations(self) -> int:
         return len(self._seen)
 
-    def simulated(self, index: int, spec: str) -> float:
+    def simulated(self, index: int, specs: Mapping[Pair, str], scales: TimeScales) -> float:
         target = self.targets[index]
-        key = (target.key, spec)
+        key = (target.key, specs[target.pair], scales)
         if key not in self._seen:
-            self._seen[key] = self.sim.run(target.key.config(self.num_requests, self.seed), spec).summary
+            cfg = target.key.config(self.num_requests, self.seed)
+            self._seen[key] = self.sim.run(cfg, key[1], scales).summary
         return metric(self._seen[key], target.metric)
 
-    def loss(self, spec: str, indices: Sequence[int]) -> float:
+    def loss(self, specs: Mapping[Pair, str], scales: TimeScales, indices: Sequence[int]) -> float:
         """Weighted mean squared log ratio of simulated to observed over `indices`."""
         total = sum(self.targets[i].weight for i in indices)
         return (
             sum(
-                self.targets[i].weight * math.log(self.simulated(i, spec) / self.targets[i].value) ** 2
+                self.targets[i].weight
+                * math.log(self.simulated(i, specs, scales) / self.targets[i].value) ** 2
                 for i in indices
             )
             / total
@@ -135,72 +213,94 @@ class Objective:
 
 
 def minimise(
-    loss: Callable[[float, float], float], start: tuple[float, float], free: str
-) -> tuple[float, float]:
-    """The (mean, rho) of least `loss`: bounded Brent on the mean alone, else Nelder-Mead on both."""
+    loss: Callable[[Sequence[float]], float], start: Sequence[float], bounds: Sequence[tuple[float, float]]
+) -> list[float]:
+    """The `x` of least `loss`: bounded Brent for one parameter, else Nelder-Mead."""
     from scipy.optimize import minimize, minimize_scalar
 
-    if free == "mean":
-        rho = start[1]
-        found = minimize_scalar(lambda m: loss(m, rho), bounds=MEAN_BOUNDS, method="bounded",
-                                options={"xatol": 0.02})  # fmt: skip
-        return float(found.x), rho
+    if len(start) == 1:
+        xatol = 0.02 if bounds[0] == MEAN_BOUNDS else 0.002  # a mean in forwards, a scale in ratio
+        found = minimize_scalar(lambda v: loss([v]), bounds=bounds[0], method="bounded",
+                                options={"xatol": xatol})  # fmt: skip
+        return [float(found.x)]
     found = minimize(
-        lambda x: loss(x[0], x[1]), start, method="Nelder-Mead", bounds=[MEAN_BOUNDS, DISPERSION_BOUNDS],
-        options={"xatol": 0.01, "fatol": 1e-5, "maxfev": 120},
+        lambda x: loss(list(x)), start, method="Nelder-Mead", bounds=bounds,
+        options={"xatol": 0.01, "fatol": 1e-5, "maxfev": 60 * len(start)},
     )  # fmt: skip
-    return float(found.x[0]), float(found.x[1])
+    return [float(v) for v in found.x]
 
 
-def fit_pair(objective: Objective, start: tuple[float, float], free: str) -> PairFit:
-    """Fit one (model, trace): all its targets, then each left out in turn."""
+def fit_space(objective: Objective, space: Space) -> Fit:
+    """One fit of its targets, then each left out in turn."""
     every = list(range(len(objective.targets)))
 
-    def fitted(indices: Sequence[int]) -> tuple[float, float]:
-        return minimise(lambda m, r: objective.loss(betabinom(m, r), indices), start, free)
+    def fitted(indices: Sequence[int]) -> list[float]:
+        return minimise(
+            lambda x: objective.loss(space.specs(x), space.scales(x), indices), space.start(), space.bounds()
+        )
 
-    mean, rho = fitted(every)
-    spec = betabinom(mean, rho)
+    x = fitted(every)
+    specs, scales = space.specs(x), space.scales(x)
     points = []
     for i in every:
         held_out = None
         if len(every) > 1:
-            others = [j for j in every if j != i]
-            held_out = objective.simulated(i, betabinom(*fitted(others)))
-        points.append(PointFit(objective.targets[i], objective.simulated(i, spec), held_out))
-    first = objective.targets[0]
-    return PairFit(
-        first.key.model, first.key.trace, mean, rho, objective.loss(spec, every), objective.evaluations,
-        tuple(points),
-    )  # fmt: skip
+            others = fitted([j for j in every if j != i])
+            held_out = objective.simulated(i, space.specs(others), space.scales(others))
+        points.append(PointFit(objective.targets[i], objective.simulated(i, specs, scales), held_out))
+    pairs = tuple(
+        PairFit(model, trace, specs[(model, trace)], *(fitted if fitted else (None, None)))
+        for (model, trace), fitted in zip(space.pairs, space.forwards(x), strict=True)
+    )
+    return Fit(
+        pairs, space.kinds, scales, objective.loss(specs, scales, every), objective.evaluations, tuple(points)
+    )
 
 
 def fit_targets(
-    testbed: Testbed, targets: Sequence[Target], free: str, num_requests: int, seed: int
-) -> list[PairFit]:
-    """Fit every (model, trace) the targets name, in the order they first appear."""
+    testbed: Testbed,
+    targets: Sequence[Target],
+    free: str,
+    num_requests: int,
+    seed: int,
+    kinds: Sequence[IterationKind] = (),
+) -> list[Fit]:
+    """Fit every (model, trace) the targets name, in the order they first appear; with time scales of
+    `kinds` free, every model (all its traces together)."""
+    if PER_PAIR[free] == 0 and not kinds:
+        raise ValueError("--free none leaves nothing to fit: give --scales KIND... as well")
     sim = PointRunner(testbed)
     pairs = list(dict.fromkeys(t.pair for t in targets))
+    groups = (
+        [[p for p in pairs if p[0] == m] for m in dict.fromkeys(m for m, _ in pairs)]
+        if kinds
+        else [[p] for p in pairs]
+    )
     fits = []
-    for model, trace in pairs:
-        mine = [t for t in targets if t.pair == (model, trace)]
-        start = start_of(testbed.progress_spec(model, trace))
-        fits.append(fit_pair(Objective(sim, mine, num_requests, seed), start, free))
+    for group in groups:
+        mine = [t for t in targets if t.pair in group]
+        kept = tuple(testbed.progress_spec(*pair) for pair in group)
+        model = group[0][0]
+        starts = tuple(start_of(spec) for spec in kept)
+        space = Space(tuple(group), free, tuple(kinds), starts, kept, testbed.scales(model))
+        fits.append(fit_space(Objective(sim, mine, num_requests, seed), space))
     return fits
 
 
 def fitted_testbed(
     base: Testbed,
     name: str,
-    fits: Sequence[PairFit],
+    fits: Sequence[Fit],
     targets_file: Path,
     free: str,
     num_requests: int,
     seed: int,
 ) -> Testbed:
-    """`base` with the fitted forwards per block, recording the fit."""
+    """`base` with the fitted forwards per block and time scales, recording the fit."""
     digest = hashlib.sha256(targets_file.read_bytes()).hexdigest()
     progress = dict(base.progress)
+    time_scales = {model: dict(scales) for model, scales in base.time_scales.items()}
+    kinds = list(dict.fromkeys(k.value for fit in fits for k in fit.kinds))
     record: dict[str, Any] = {
         "targets": targets_file.name,
         "targets_sha256": digest,
@@ -210,30 +310,47 @@ def fitted_testbed(
         "seed": seed,
         "pairs": {},
     }
+    if kinds:
+        record["time_scales"] = {}
     for fit in fits:
+        what = f"{free} free"
+        if fit.kinds:
+            what += f", time scales of {', '.join(k.value for k in fit.kinds)}"
         source = (
-            f"fitted by sangam fit ({free} free) to {len(fit.points)} points of {targets_file.name} "
+            f"fitted by sangam fit ({what}) to {len(fit.points)} points of {targets_file.name} "
             f"(sha256 {digest[:12]}) on {base.name} v{base.version}, {num_requests} requests per point, "
             f"seed {seed}"
         )
-        progress[(fit.model, fit.trace)] = ProgressEntry(fit.spec, source)
-        record["pairs"][f"{fit.model}/{fit.trace}"] = {
-            "mean": round(fit.mean, 4),
-            "std": round(spread(fit.mean, fit.rho), 4),
-            "objective": fit.objective,
-            "points": [
-                {
-                    "point": p.target.label(),
-                    "observed": p.target.value,
-                    "simulated": p.simulated,
-                    "held_out": p.held_out,
-                }
-                for p in fit.points
-            ],
-        }
+        for pair in fit.pairs:
+            entry: dict[str, Any] = {"spec": pair.spec}
+            if pair.mean is not None and pair.rho is not None:
+                progress[(pair.model, pair.trace)] = ProgressEntry(pair.spec, source)
+                entry.update(mean=round(pair.mean, 4), std=round(spread(pair.mean, pair.rho), 4))
+            entry.update(
+                objective=fit.objective,
+                points=[
+                    {
+                        "point": p.target.label(),
+                        "observed": p.target.value,
+                        "simulated": p.simulated,
+                        "held_out": p.held_out,
+                    }
+                    for p in fit.points
+                    if p.target.pair == (pair.model, pair.trace)
+                ],
+            )
+            record["pairs"][f"{pair.model}/{pair.trace}"] = entry
+        if fit.kinds:
+            mine = time_scales.setdefault(fit.model, {})
+            for kind in fit.kinds:
+                mine[kind] = Sourced(round(fit.scales.of(kind), 4), source)
+            record["time_scales"][fit.model] = {k.value: round(fit.scales.of(k), 4) for k in fit.kinds}
+    fitted = "Forwards per block" if PER_PAIR[free] else ""
+    if kinds:
+        fitted += (" and t" if fitted else "T") + f"ime scales ({', '.join(kinds)})"
     return dataclasses.replace(
-        base, name=name, version=1, progress=progress, fit=record,
-        description=f"{base.description} Forwards per block fitted by sangam fit.",
+        base, name=name, version=1, progress=progress, time_scales=time_scales, fit=record,
+        description=f"{base.description} {fitted} fitted by sangam fit.",
     )  # fmt: skip
 
 

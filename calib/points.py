@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from profiles.store import Profile
-from profiles.testbeds import testbed_config, testbed_cost_model, testbed_options
+from profiles.testbeds import scaled_cost_model, testbed_config, testbed_options, unscaled_cost_model
 from sangam.batcher import Policy
 from sangam.config import RunConfig, RunFiles, synthetic_rows
-from sangam.cost import CostModel
+from sangam.cost import CostModel, TimeScales
 from sangam.layout import parse_mode
 from sangam.testbed import Testbed
 from sim.points import run_points
@@ -55,13 +55,15 @@ class PointRunner:
         self.testbed = testbed
         self._priced: dict[str, tuple[CostModel, str, Profile | None]] = {}
 
-    def run(self, cfg: RunConfig, progress: str | None = None) -> SimResult:
-        """`cfg` on the testbed with forwards per block `progress` (default: the testbed's for the model
-        and trace). Lengths and arrivals come from `cfg.seed`, so two runs that differ only in `progress`
-        see the same requests, and the same uniforms draw their forwards (common random numbers)."""
+    def run(self, cfg: RunConfig, progress: str | None = None, scales: TimeScales | None = None) -> SimResult:
+        """`cfg` on the testbed with forwards per block `progress` and its profile's times scaled by
+        `scales` (defaults: the testbed's for the model and trace). Lengths and arrivals come from
+        `cfg.seed`, so two runs that differ only in `progress` or `scales` see the same requests, and the
+        same uniforms draw their forwards (common random numbers)."""
         if cfg.model not in self._priced:
-            self._priced[cfg.model] = testbed_cost_model(self.testbed, cfg.model)
-        cost, name, profile = self._priced[cfg.model]
+            self._priced[cfg.model] = unscaled_cost_model(self.testbed, cfg.model)
+        unscaled, name, profile = self._priced[cfg.model]
+        cost, name = scaled_cost_model(unscaled, name, scales or self.testbed.scales(cfg.model))
         cfg = testbed_config(self.testbed, cfg, profile, {})
         spec = progress or self.testbed.progress_spec(cfg.model, cfg.trace)
         options = testbed_options(self.testbed, {})

@@ -1,5 +1,5 @@
-"""`sangam fit`: fit a testbed's forwards per block to observed load-curve points (or measure them from
-live runs' blocks) and write it as a new testbed."""
+"""`sangam fit`: fit a testbed's forwards per block (and time scales per iteration kind) to observed
+load-curve points (or measure forwards per block from live runs' blocks) and write it as a new testbed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ def add_parser(commands: Any, name: str) -> None:
     from sim.options import SimOptions
 
     parser = commands.add_parser(
-        name, help="fit a testbed's forwards per block to observed curves (or live blocks); write it"
+        name,
+        help="fit a testbed's forwards per block (and time scales) to observed curves, or to live "
+        "blocks; write it",
     )
     add_options(parser, FitOptions)
     add_options(parser, SimOptions, only=("testbed",), default_text={"testbed": "sangam-h100"})
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         assert options.targets is not None
         targets = read_targets(options.targets)
-        fits = fit_targets(base, targets, options.free, args.num_requests, args.seed)
+        fits = fit_targets(base, targets, options.free, args.num_requests, args.seed, options.kinds)
         print_fits(fits)
         testbed = fitted_testbed(
             base, name, fits, options.targets, options.free, args.num_requests, args.seed
@@ -60,11 +62,21 @@ def print_fits(fits: list[Any]) -> None:
     from calib.fit import spread
 
     for fit in fits:
-        std = spread(fit.mean, fit.rho)
-        print(
-            f"{fit.model} {fit.trace}: forwards per block mean {fit.mean:.2f}, std {std:.2f}"
-            f" ({fit.spec}); objective {fit.objective:.4f} after {fit.evaluations} simulations"
-        )
+        lines = []
+        for pair in fit.pairs:
+            if pair.mean is None:
+                lines.append(f"{pair.model} {pair.trace}: forwards per block kept ({pair.spec})")
+            else:
+                std = spread(pair.mean, pair.rho)
+                lines.append(
+                    f"{pair.model} {pair.trace}: forwards per block mean {pair.mean:.2f}, std {std:.2f}"
+                    f" ({pair.spec})"
+                )
+        if fit.kinds:
+            scales = ", ".join(f"{kind.value} {fit.scales.of(kind):.3f}" for kind in fit.kinds)
+            lines.append(f"{fit.model}: time scale per iteration kind {scales}")
+        lines[-1] += f"; objective {fit.objective:.4f} after {fit.evaluations} simulations"
+        print("\n".join(lines))
         print(f"  {'point':58} {'observed':>9} {'fitted':>9} {'ratio':>6} {'held out':>9} {'ratio':>6}")
         for p in fit.points:
             held = (

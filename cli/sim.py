@@ -54,7 +54,6 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
-    from profiles.scaled import ScaledCostModel
     from profiles.testbeds import (
         choose_testbed,
         testbed_config,
@@ -70,12 +69,9 @@ def run(args: argparse.Namespace) -> int:
     base = base_config(args, gpu=testbed.gpu)
     given = given_options(args, SimOptions)
     options = testbed_options(testbed, given)
-    cost, cost_name, profile = testbed_cost_model(testbed, base.model, options.cost)
-    if options.time_scale != 1.0:
-        cost, cost_name = (
-            ScaledCostModel(cost, options.time_scale),
-            f"{cost_name}, times {options.time_scale:g}",
-        )
+    cost, cost_name, profile = testbed_cost_model(
+        testbed, base.model, options.cost, time_scale=options.time_scale
+    )
     base = testbed_config(testbed, base, profile, vars(args))
     files = collect(RunFiles, args)
     files = dataclasses.replace(

@@ -1,9 +1,10 @@
 """The shipped testbeds (`profiles/data/testbeds/<name>.json`) and what a run takes from one.
 
 `sangam sim --testbed NAME` (also `sangam validate`, `sangam fit`, `sangam reproduce` and the explorer)
-models the testbed's GPU with its profiles, KV pages, forwards per block, KV link, control-plane delay
-and arrival process; a flag given explicitly overrides the testbed's value. Without `--testbed` a run
-models `sangam-<gpu>` (`sangam-h100` by default), whose values are the simulator's documented defaults.
+models the testbed's GPU with its profiles (each scaled per iteration kind where the testbed says so), KV
+pages, forwards per block, KV link, control-plane delay and arrival process; a flag given explicitly
+overrides the testbed's value. Without `--testbed` a run models `sangam-<gpu>` (`sangam-h100` by
+default), whose values are the simulator's documented defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from profiles.analytic import AnalyticCostModel
 from profiles.store import DATA, Profile, load_profile_dir
 from sangam.config import RunConfig
-from sangam.cost import CostModel
+from sangam.cost import CostModel, TimeScales, scaled
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.testbed import Testbed, parse_testbed, testbed_dict
 from sim.options import SimOptions
@@ -71,10 +72,22 @@ def testbed_profile(testbed: Testbed, model: str, data: Path = DATA) -> Profile 
 
 
 def testbed_cost_model(
-    testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA
+    testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA, time_scale: float = 1.0
 ) -> tuple[CostModel, str, Profile | None]:
     """What prices `model`'s iterations on the testbed, its name for summary.json, and the profile:
-    the testbed's profile (else, or with `cost` 'analytic', the analytic model of its GPU)."""
+    the testbed's profile scaled by the testbed's time scales of the model (else, or with `cost`
+    'analytic', the analytic model of its GPU, unscaled), each iteration then times `time_scale`
+    (`--time-scale`)."""
+    base, name, profile = unscaled_cost_model(testbed, model, cost, data)
+    scales = testbed.scales(model) if profile is not None else TimeScales()
+    priced, name = scaled_cost_model(base, name, scales.times(time_scale))
+    return priced, name, profile
+
+
+def unscaled_cost_model(
+    testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA
+) -> tuple[CostModel, str, Profile | None]:
+    """`testbed_cost_model` without any time scale: the profile as measured (or derived)."""
     profile = testbed_profile(testbed, model, data) if cost == "profile" else None
     directory = testbed.profile_dir(model)
     if profile is None and cost == "profile" and (data / directory).is_dir():
@@ -87,6 +100,11 @@ def testbed_cost_model(
     if directory not in (profile.gpu, profile.derived_from):  # data of another executor
         source = f"{directory} profile, {source}"
     return profile.cost_model(), source, profile
+
+
+def scaled_cost_model(cost: CostModel, name: str, scales: TimeScales) -> tuple[CostModel, str]:
+    """`cost` times `scales`, and its name saying so (`measured, times 1.2`)."""
+    return scaled(cost, scales), name if scales.identity else f"{name}, {scales.label()}"
 
 
 def testbed_config(

@@ -1,7 +1,10 @@
-"""The seam between the simulator and the iteration-time models in `profiles/`."""
+"""The seam between the simulator and the iteration-time models in `profiles/`, and per-kind scales of
+iteration time (a testbed's fitted correction of its profile, or `sangam sim --time-scale`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from sangam.batcher import Microbatch
@@ -13,3 +16,65 @@ class CostModel(Protocol):
     def seconds(self, mb: Microbatch) -> float:
         """The wall time of one iteration of this microbatch on one worker."""
         ...
+
+
+class IterationKind(StrEnum):
+    """The kinds of iteration the measured model prices apart (profiles/measured.py)."""
+
+    PREFILL = "prefill"  # prefills only
+    DECODE = "decode"  # decodes only (replayed as CUDA graphs live)
+    MIXED = "mixed"  # prefills with decodes riding along (the decodes in eager prefill attention)
+
+
+def iteration_kind(mb: Microbatch) -> IterationKind:
+    if mb.prefills:
+        return IterationKind.MIXED if mb.decodes else IterationKind.PREFILL
+    return IterationKind.DECODE
+
+
+@dataclass(frozen=True, slots=True)
+class TimeScales:
+    """A multiplier of iteration time per `IterationKind`."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+    mixed: float = 1.0
+
+    def __post_init__(self) -> None:
+        for kind in IterationKind:
+            if not getattr(self, kind.value) > 0:
+                raise ValueError(f"the {kind.value} time scale must be positive")
+
+    def of(self, kind: IterationKind) -> float:
+        scale: float = getattr(self, kind.value)
+        return scale
+
+    def times(self, factor: float) -> TimeScales:
+        """Every kind's scale times `factor`."""
+        return TimeScales(self.prefill * factor, self.decode * factor, self.mixed * factor)
+
+    @property
+    def identity(self) -> bool:
+        return self.prefill == self.decode == self.mixed == 1.0
+
+    def label(self) -> str:
+        """`times 1.2` when every kind has the same scale, else each kind's."""
+        if self.prefill == self.decode == self.mixed:
+            return f"times {self.prefill:g}"
+        return "times " + ", ".join(f"{self.of(k):g} {k.value}" for k in IterationKind)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledCostModel:
+    """`base`'s time of every iteration times the scale of its kind."""
+
+    base: CostModel
+    scales: TimeScales
+
+    def seconds(self, mb: Microbatch) -> float:
+        return self.base.seconds(mb) * self.scales.of(iteration_kind(mb))
+
+
+def scaled(cost: CostModel, scales: TimeScales) -> CostModel:
+    """`cost` with `scales` applied (`cost` itself where every scale is 1)."""
+    return cost if scales.identity else ScaledCostModel(cost, scales)

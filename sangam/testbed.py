@@ -3,8 +3,9 @@
 A testbed (docs/design.md section 7) fixes the GPU, the iteration-time profile of every model (the
 directory of measured data under `profiles/data/`, derived to the testbed's GPU when measured on
 another), the KV pages per worker, the forwards-per-block model per (model, trace), the KV link, the
-control plane's delay and the arrival process. Files are loaded by `profiles.testbeds`; this module only
-checks their content.
+control plane's delay and the arrival process, and optionally a scale of iteration time per kind of each
+model's profile (`sangam.cost.TimeScales`, as `sangam fit --scales` fits them). Files are loaded by
+`profiles.testbeds`; this module only checks their content.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.progress import parse_progress
 from sangam.workload import MASK_LEN, check_arrival_clip
@@ -87,6 +89,8 @@ class Testbed:
     kv_pages: PagesEntry
     fit: Mapping[str, Any] | None = None  # what `sangam fit` recorded, for fitted testbeds
     profile_models: Mapping[str, ProfileEntry] = field(default_factory=dict)  # a model's other data
+    # model -> iteration kind -> the scale of its profile's time of that kind (a kind not listed: 1)
+    time_scales: Mapping[str, Mapping[IterationKind, Sourced]] = field(default_factory=dict)
 
     def profile_dir(self, model: str) -> str:
         """The directory under profiles/data of `model`'s measured iteration times."""
@@ -102,6 +106,11 @@ class Testbed:
 
     def pages(self, model: str) -> int | None:
         return self.kv_pages.values.get(model)
+
+    def scales(self, model: str) -> TimeScales:
+        """The scales of `model`'s iteration times per kind on this testbed (1 where none is given)."""
+        given = self.time_scales.get(model, {})
+        return TimeScales(**{kind.value: entry.value for kind, entry in given.items()})
 
 
 def _text(data: Mapping[str, Any], key: str, where: str) -> str:
@@ -150,6 +159,26 @@ def _progress(data: Any, where: str) -> dict[tuple[str, str], ProgressEntry]:
         spec = _text(entry, "spec", f"{where}.{key}")
         parse_progress(spec)
         out[(model, trace)] = ProgressEntry(spec, _text(entry, "source", f"{where}.{key}"))
+    return out
+
+
+def _time_scales(data: Any, where: str) -> dict[str, dict[IterationKind, Sourced]]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: must map models to {{kind: {{'value', 'source'}}}}")
+    kinds = ", ".join(IterationKind)
+    out: dict[str, dict[IterationKind, Sourced]] = {}
+    for model, scales in data.items():
+        lookup_model(model)
+        if not isinstance(scales, Mapping):
+            raise ValueError(f"{where}.{model}: must map iteration kinds ({kinds}) to scales")
+        out[model] = {}
+        for kind, entry in scales.items():
+            if kind not in {k.value for k in IterationKind}:
+                raise ValueError(f"{where}.{model}: {kind!r} is not an iteration kind ({kinds})")
+            scale = _sourced(entry, f"{where}.{model}.{kind}")
+            if not scale.value > 0:
+                raise ValueError(f"{where}.{model}.{kind}: a time scale must be positive")
+            out[model][IterationKind(kind)] = scale
     return out
 
 
@@ -213,6 +242,7 @@ def parse_testbed(data: Any, name: str) -> Testbed:
         kv_pages=PagesEntry(_text(pages, "source", f"{where}.kv_pages"), values),
         fit=fit if isinstance(fit, Mapping) else None,
         profile_models=overrides,
+        time_scales=_time_scales(data.get("time_scales", {}), f"{where}.time_scales"),
     )
 
 
@@ -241,6 +271,11 @@ def testbed_dict(testbed: Testbed) -> dict[str, Any]:
     if testbed.profile_models:
         out["profile"]["models"] = {
             m: {"data": e.data, "source": e.source} for m, e in testbed.profile_models.items()
+        }
+    if testbed.time_scales:
+        out["time_scales"] = {
+            model: {kind.value: {"value": e.value, "source": e.source} for kind, e in scales.items()}
+            for model, scales in testbed.time_scales.items()
         }
     if testbed.fit is not None:
         out["fit"] = dict(testbed.fit)

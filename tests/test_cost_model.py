@@ -120,3 +120,22 @@ def test_dream_decode_at_long_context_cheaper_than_llada(batch: int) -> None:
     dream_attention = dream.layer_seconds([], contexts) - dream.layer_seconds([], [0] * batch)
     llada_attention = llada.layer_seconds([], contexts) - llada.layer_seconds([], [0] * batch)
     assert dream_attention < llada_attention / 2
+
+
+def test_time_scales_multiply_each_iteration_by_its_kinds_scale() -> None:
+    from sangam.cost import IterationKind, ScaledCostModel, TimeScales, iteration_kind, scaled
+
+    base = cost()
+    scales = TimeScales(prefill=2.0, decode=3.0, mixed=5.0)
+    model = ScaledCostModel(base, scales)
+    for mb, kind in (
+        (microbatch(prefill_lens=[1024]), IterationKind.PREFILL),
+        (microbatch(decode_contexts=[1024, 2048]), IterationKind.DECODE),
+        (microbatch(prefill_lens=[512], decode_contexts=[1024]), IterationKind.MIXED),
+    ):
+        assert iteration_kind(mb) == kind
+        assert model.seconds(mb) == pytest.approx(base.seconds(mb) * scales.of(kind))
+    assert scaled(base, TimeScales()) is base
+    assert scales.times(2) == TimeScales(4.0, 6.0, 10.0)
+    with pytest.raises(ValueError, match="positive"):
+        TimeScales(decode=0)

@@ -1,5 +1,5 @@
-"""`sangam fit`: recovering a known forwards-per-block model from curves the simulator made, measuring it
-from a live run's blocks, and bad input."""
+"""`sangam fit`: recovering a known forwards-per-block model, and a known time scale of one iteration kind,
+from curves the simulator made, measuring forwards from a live run's blocks, and bad input."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from calib.fit import dispersion, spread
 from calib.points import PointKey, PointRunner, metric
 from cli.main import main
 from profiles.testbeds import load_testbed
+from sangam.cost import IterationKind, TimeScales
 from sangam.progress import parse_progress
 
 TRUTH = "betabinom:14:6"  # the default testbed's LLaDA ShareGPT model has mean 10
@@ -22,15 +23,15 @@ POINTS = (("1C", "fastdllm", 0.2), ("1C", "fastdllm", 0.35), ("1C", "deficit", 1
 REQUESTS, SEED = 150, 3
 
 
-def write_targets(path: Path) -> None:
-    """Mean e2e of three points simulated on sangam-h100 with the TRUTH model."""
+def write_targets(path: Path, progress: str = TRUTH, scales: TimeScales | None = None) -> None:
+    """Mean e2e of three points simulated on sangam-h100 with the `progress` model (and `scales`)."""
     sim = PointRunner(load_testbed("sangam-h100"))
     with path.open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["layout", "policy", "model", "trace", "budget", "qps", "metric", "value", "weight"])
         for layout, policy, qps in POINTS:
             key = PointKey(layout, policy, "llada-8b", "sharegpt", 1024, qps)
-            value = metric(sim.run(key.config(REQUESTS, SEED), TRUTH).summary, "mean_e2el_s")
+            value = metric(sim.run(key.config(REQUESTS, SEED), progress, scales).summary, "mean_e2el_s")
             out.writerow([layout, policy, "llada-8b", "sharegpt", 1024, qps, "mean_e2el_s", value, 1])
 
 
@@ -55,6 +56,40 @@ def test_fit_recovers_the_mean_of_the_model_that_made_the_curves(
     points = testbed.fit["pairs"]["llada-8b/sharegpt"]["points"]
     assert len(points) == len(POINTS) and all(p["held_out"] is not None for p in points)
     assert "fitted by sangam fit" in testbed.progress[("llada-8b", "sharegpt")].source
+
+
+def test_fit_recovers_the_decode_time_scale_that_made_the_curves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = load_testbed("sangam-h100")
+    forwards = base.progress_spec("llada-8b", "sharegpt")
+    targets, out = tmp_path / "targets.csv", tmp_path / "scaled.json"
+    write_targets(targets, forwards, TimeScales(decode=1.3))
+    args = ["fit", "--targets", str(targets), "-n", str(REQUESTS), "--seed", str(SEED), "--out", str(out)]
+    assert main([*args, "--free", "none"]) == 2
+    assert "--free none leaves nothing to fit" in capsys.readouterr().err
+    assert main([*args, "--free", "none", "--scales", "decode"]) == 0
+    printed = capsys.readouterr().out
+    assert "llada-8b sharegpt: forwards per block kept" in printed
+    assert "llada-8b: time scale per iteration kind decode 1.3" in printed
+    assert printed.count("mean_e2el_s") == len(POINTS) and "held out" in printed
+    testbed = load_testbed(str(out))
+    assert testbed.scales("llada-8b").decode == pytest.approx(1.3, rel=0.01)
+    assert testbed.scales("llada-8b").prefill == testbed.scales("llada-8b").mixed == 1.0
+    assert testbed.scales("dream-7b") == TimeScales()
+    assert testbed.progress == base.progress  # kept
+    assert "fitted by sangam fit (none free, time scales of decode)" in (
+        testbed.time_scales["llada-8b"][IterationKind.DECODE].source
+    )
+    assert testbed.fit is not None
+    assert testbed.fit["time_scales"]["llada-8b"]["decode"] == pytest.approx(1.3, rel=0.01)
+    points = testbed.fit["pairs"]["llada-8b/sharegpt"]["points"]
+    assert all(p["held_out"] == pytest.approx(p["observed"], rel=0.02) for p in points)
+    with targets.open() as f:  # the new testbed, simulated, gives the curves back
+        first = next(csv.DictReader(f))
+    key = PointKey("1C", "fastdllm", "llada-8b", "sharegpt", 1024, float(first["qps"]))
+    summary = PointRunner(testbed).run(key.config(REQUESTS, SEED)).summary
+    assert metric(summary, "mean_e2el_s") == pytest.approx(float(first["value"]), rel=0.01)
 
 
 def test_spread_and_dispersion_are_inverses() -> None:

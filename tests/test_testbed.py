@@ -186,3 +186,33 @@ def test_time_scale_multiplies_every_iteration(tmp_path: Path) -> None:
     assert slow["cost_model"] == "derived from h200, times 2"
     for part in ("mean_decode_ms", "mean_prefill_ms"):  # requests alone on a worker: nothing else moves
         assert slow[part] == pytest.approx(2 * plain[part])  # type: ignore[operator]
+
+
+def test_a_testbeds_time_scales_multiply_each_kind_of_iteration(tmp_path: Path) -> None:
+    raw = as_dict(load_testbed("sangam-h100"))
+    raw["name"] = "slow-decodes"
+    raw["time_scales"] = {"llada-8b": {"decode": {"value": 3.0, "source": "a test"}}}
+    path = tmp_path / "slow-decodes.json"
+    path.write_text(json.dumps(raw))
+    assert load_testbed(str(path)).scales("llada-8b").decode == 3.0
+
+    def summary(name: str, *args: str) -> dict[str, float]:
+        out = tmp_path / name
+        assert main(["sim", "--mode", "1C", "--qps", "0.01", "-n", "3", "--out", str(out), *args]) == 0
+        result: dict[str, float] = json.loads((out / "summary.json").read_text())
+        return result
+
+    plain, slow = summary("plain"), summary("slow", "--testbed", str(path))
+    assert slow["cost_model"] == "derived from h200, times 1 prefill, 3 decode, 1 mixed"
+    assert slow["mean_decode_ms"] == pytest.approx(3 * plain["mean_decode_ms"])  # requests alone: only
+    assert slow["mean_prefill_ms"] == pytest.approx(plain["mean_prefill_ms"])  # their decodes slow down
+    both = summary("both", "--testbed", str(path), "--time-scale", "2")
+    assert both["cost_model"] == "derived from h200, times 2 prefill, 6 decode, 2 mixed"
+    assert both["mean_decode_ms"] == pytest.approx(6 * plain["mean_decode_ms"])
+    assert summary("analytic", "--testbed", str(path), "--cost", "analytic")["cost_model"] == "analytic"
+    raw["time_scales"] = {"llada-8b": {"attention": {"value": 2.0, "source": "a test"}}}
+    with pytest.raises(ValueError, match="'attention' is not an iteration kind"):
+        parse_testbed(raw, "slow-decodes")
+    raw["time_scales"] = {"llada-8b": {"decode": {"value": 0, "source": "a test"}}}
+    with pytest.raises(ValueError, match="must be positive"):
+        parse_testbed(raw, "slow-decodes")

@@ -106,6 +106,7 @@ class Batcher(Generic[P]):
         self.decodes: tuple[Request, ...] = ()  # seated; replaced, never mutated, so a microbatch shares it
         self.deficit = 0
         self._tau = config.tau
+        self._finite = math.isfinite(self._tau)
         self._one_only = config.policy is Policy.FASTDLLM  # one request at a time
         self._cap = 1 if self._one_only else config.max_decodes  # decodes seated at once
         self._waiting: list[tuple[float, int, Request]] = []
@@ -279,7 +280,8 @@ class Batcher(Generic[P]):
         if blocked:
             self.deficit = int(max(0, before - max(0, spent - fresh)))
         else:
-            self.deficit = int(max(budget - spent, 0)) if math.isfinite(budget) else 0
+            left = budget - spent
+            self.deficit = int(left) if left > 0 and self._finite else 0
         return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, self.deficit, blocked)
 
     def _end_block(self, req: Request, now: float, finished: list[Request]) -> None:

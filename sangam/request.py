@@ -67,13 +67,13 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.block >= self.n_blocks
+        return self.block >= len(self.steps)  # one count per block (checked at init)
 
     def end_block(self, now: float) -> None:
         """Close the current block; open the next one, ready at `now`, if any remains."""
         self.record.end = now
         self.block += 1
         self.step = 0
-        if not self.finished:
+        if self.block < len(self.steps):
             self.record = BlockRecord(ready=now)
             self.blocks.append(self.record)

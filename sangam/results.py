@@ -17,7 +17,6 @@ import csv
 import dataclasses
 import json
 import math
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,13 +67,18 @@ def block_parts(rec: BlockRecord) -> tuple[float, ...]:
 
 
 def request_row(req: Request) -> dict[str, Any]:
-    totals = [0.0] * len(PARTS)
+    prefill_queue = prefill = decode_queue = transfer = decode = 0.0  # PARTS, summed over the blocks
     overflow_blocks = kv_transfers = 0
     for rec in req.blocks:
-        totals = list(map(operator.add, totals, block_parts(rec)))
+        a, b, c, d, e = block_parts(rec)
+        prefill_queue += a
+        prefill += b
+        decode_queue += c
+        transfer += d
+        decode += e
         overflow_blocks += rec.overflow
         kv_transfers += rec.transfer_start is not None
-    parts = dict(zip(PARTS, totals, strict=True))
+    parts = dict(zip(PARTS, (prefill_queue, prefill, decode_queue, transfer, decode), strict=True))
     end = req.blocks[-1].end
     assert end is not None
     return {

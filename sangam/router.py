@@ -104,6 +104,7 @@ class Router:
         self.pages = pages
         self.theta = theta
         self.rng = rng
+        self._kind = layout.kind
         self._tallies_pages = layout.kind is not Kind.COLOCATED  # colocated workers manage their own
         roles = layout.roles
         self.outstanding = [0] * len(roles)
@@ -356,7 +357,7 @@ class Router:
 
     def _prefill_target(self, req: Request) -> tuple[int, bool] | None:
         """Where the block's prefill goes, and whether that is an overflow."""
-        kind = self.layout.kind
+        kind = self._kind
         if kind is Kind.COLOCATED:
             worker = self._least_loaded(self._open(req, self.decode_pool))
         else:

@@ -110,6 +110,7 @@ class SimWorker:
         self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
         self._until: _Call | None = None  # the event that ends the microbatch in flight
         self._seconds = cluster.cost.seconds
+        self._schedule = self.env.schedule
         self.alive = True
         _later(self.env, 0, self._resume, URGENT)  # as a process starts
 
@@ -119,10 +120,10 @@ class SimWorker:
             return
         if self._idle:
             self._idle = False
-            _later(self.env, 0, self._resume)
+            self._schedule(_Call(self._resume), NORMAL, 0)  # type: ignore[arg-type]  # a duck-typed event
         elif self._in_run:
             self._in_run = False
-            _later(self.env, 0, self._cut, URGENT)  # as a process is interrupted
+            self._cut()
 
     def kill(self) -> None:
         """The worker is lost: it stops where it is, and the iteration in flight with it. Iterations
@@ -148,26 +149,27 @@ class SimWorker:
         if not batcher.has_work:
             self._idle = True
             return
-        env = self.env
-        start = env.now
+        start = self.env.now
         mb = batcher.next_microbatch(start)
         step = self._seconds(mb)
         run = batcher.run_length(mb)
         self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
         self._flight = (start, step, mb, run)
-        self._until = _later(env, run * step, self._landed)
+        self._until = until = _Call(self._landed)
+        self._schedule(until, NORMAL, run * step)  # type: ignore[arg-type]  # a duck-typed event
 
-    def _cut(self, _: object) -> None:
-        """`wake` during a decode stretch: stop after the iteration in flight."""
-        if not self.alive:
-            return
+    def _cut(self) -> None:
+        """`wake` during a decode stretch: stop after the iteration in flight. (Done at once: the
+        process this replaces was interrupted by an urgent event at the same instant, which nothing
+        else could run before.)"""
         assert self._flight is not None
         start, step, mb, run = self._flight
         now = self.env.now
         run = min(run, max(1, math.ceil((now - start) / step)))
         self._flight = (start, step, mb, run)
         # work that arrives on a boundary: start + run * step can round a few ulps below now
-        self._until = _later(self.env, max(0.0, start + run * step - now), self._landed)
+        self._until = until = _Call(self._landed)
+        self._schedule(until, NORMAL, max(0.0, start + run * step - now))  # type: ignore[arg-type]
 
     def _landed(self, event: object) -> None:
         """The microbatch in flight ended (`event`: its timeout; one a cut replaced is void)."""
@@ -259,8 +261,11 @@ class Cluster:
         self._blocks_left -= len(outcome.finished)
         if self._on_request is not None:
             self._ended(sum(req.finished for req in outcome.finished))
-        self._apply(self.router.on_iteration(now, worker, outcome))
-        self._stop_if_done()
+        actions = self.router.on_iteration(now, worker, outcome)
+        if actions:
+            self._apply(actions)
+        if self._blocks_left == 0:
+            self._stop_if_done()
 
     def _stop_if_done(self) -> None:
         if self._blocks_left == 0 and not self._all_done.triggered:

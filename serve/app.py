@@ -85,17 +85,21 @@ class Job:
 
 
 class Output:
-    """The text of a request's committed blocks, cut at the model's EOS or at `max_tokens`; each block
-    gives the text it adds. A trailing incomplete UTF-8 character decodes as one U+FFFD, which bytes that
-    follow may complete, so that one waits for the next block: the texts added join to the whole text."""
+    """The text of a request's committed blocks, cut at the model's EOS, at `max_tokens` or before the first
+    of the `stops` strings; each block gives the text it adds. Text that may be the start of a stop string
+    (or a trailing incomplete UTF-8 character, which decodes as one U+FFFD that bytes that follow may
+    complete) waits for the next block: the texts added join to the whole text."""
 
-    def __init__(self, tokenizer: TextTokenizer, eos_ids: Sequence[int], max_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, eos_ids: Sequence[int], max_tokens: int, stops: Sequence[str] = ()
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.max_tokens = max_tokens
+        self.stops = tuple(stops)
         self.ids: list[int] = []
         self.eos = False
-        self.finish: str | None = None  # stop (EOS) or length
+        self.finish: str | None = None  # stop (EOS or a stop string) or length
         self.sent = ""
 
     @property
@@ -103,6 +107,7 @@ class Output:
         return len(self.ids) + self.eos  # the EOS counts as generated, as in vLLM
 
     def add_block(self, block: Sequence[int], last: bool) -> str:
+        before = len(self.ids)
         for token in block:
             if token in self.eos_ids:
                 self.eos, self.finish = True, "stop"
@@ -114,12 +119,36 @@ class Output:
         if self.finish is None and last:
             self.finish = "length"
         text = self.tokenizer.decode(self.ids)
-        if self.finish is None and text.endswith("\ufffd"):
-            text = text[:-1]  # perhaps a character whose last bytes come with the next block
+        if self.stops:
+            text = self._cut_at_stop(text, before)
+        if self.finish is None:
+            if text.endswith("\ufffd"):
+                text = text[:-1]  # perhaps a character whose last bytes come with the next block
+            text = text[: max(len(self.sent), len(text) - self._stop_prefix(text))]
         if not text.startswith(self.sent):  # a tokenizer that rewrites earlier text: send nothing new
             return ""
         delta, self.sent = text[len(self.sent) :], text
         return delta
+
+    def _cut_at_stop(self, text: str, before: int) -> str:
+        """`text` up to the first stop string, which ends the output (the tokens counted are those up to
+        the one that completed it; `before` ids came with earlier blocks, which completed none)."""
+        found = [i for i in (text.find(stop, len(self.sent)) for stop in self.stops) if i >= 0]
+        if not found:
+            return text
+        cut = min(found)
+        for n in range(before + 1, len(self.ids) + 1):
+            if any(stop in self.tokenizer.decode(self.ids[:n])[len(self.sent) :] for stop in self.stops):
+                del self.ids[n:]
+                break
+        self.finish, self.eos = "stop", False
+        return text[:cut]
+
+    def _stop_prefix(self, text: str) -> int:
+        """How many characters at the end of `text` could begin a stop string."""
+        return max(
+            (n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0
+        )
 
 
 def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, config: AppConfig) -> FastAPI:
@@ -178,10 +207,15 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         prompt = completion_prompt(body.prompt, tokenizer)
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens)
+        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
+        echo = ""
+        if body.echo:
+            echo = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt)
 
         def chunk(text: str, finish: str | None) -> api.CompletionChunk:
-            choice = api.CompletionChoice(text=text, finish_reason=finish)
+            nonlocal echo
+            choice = api.CompletionChoice(text=echo + text, finish_reason=finish)
+            echo = ""  # the prompt goes with the first chunk
             return api.CompletionChunk(id=rid, created=created, model=name, choices=[choice])
 
         if body.stream:
@@ -189,7 +223,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                 job, output, chunk, body.include_usage, rid, created, name, request, api.CompletionChunk
             )
         await until_done(job, output, request)
-        choice = api.CompletionChoice(text=output.sent, finish_reason=output.finish)
+        choice = api.CompletionChoice(text=echo + output.sent, finish_reason=output.finish)
         return JSONResponse(
             api.CompletionResponse(
                 id=rid, created=created, model=name, choices=[choice], usage=usage(job, output)
@@ -212,7 +246,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         prompt = tokenizer.chat_prompt([Message(m.role, m.text) for m in body.messages])
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens)
+        output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
         first = True
 
         def chunk(text: str, finish: str | None) -> api.ChatChunk:
@@ -360,7 +394,13 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
 
 
 def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> int:
-    """The request's max_tokens, after every check the scheduler's admission makes; APIError(400) else."""
+    """The request's max_tokens, after every check the scheduler's admission makes and of the fields
+    Sangam does not implement; APIError(400) else."""
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        raise APIError(400, f"{unsupported}: not supported by Sangam", unsupported)
+    if not all(body.stops):
+        raise APIError(400, "stop: a stop string is empty", "stop")
     if body.n != 1:
         raise APIError(400, f"n: only n=1 is supported, got {body.n}", "n")
     max_tokens = limits.mask_len if body.max_tokens is None else body.max_tokens

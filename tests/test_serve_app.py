@@ -328,3 +328,80 @@ def test_a_scheduler_that_cannot_take_the_request_is_503_and_one_at_its_call_lim
             response = post(url, "/v1/completions", {"prompt": "x"})
             assert response.status_code == status and code in error_of(response)
             assert response.headers["retry-after"] == "1"
+
+
+def test_stop_string_across_blocks_cuts_the_text_and_cancels_the_rest() -> None:
+    backend = FakeBackend()  # block b is 32 times letter b
+    with app_server(backend) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        whole = client.completions.create(model="m", prompt="x", max_tokens=128, stop="AB")
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=128, stop=["ZZ", "BBC"],
+            stream=True, stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+    assert whole.choices[0].text == "A" * 31 and whole.choices[0].finish_reason == "stop"
+    assert whole.usage is not None and whole.usage.completion_tokens == 33  # up to the B that completed it
+    texts = [c.choices[0].delta.content for c in chunks[:-1]]
+    assert texts == ["A" * 32, "B" * 30, ""]  # "BB" waited: it might have begun "BBC"
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 65
+    assert backend.cancelled == [0, 1]  # the scheduler was told to drop both requests' other blocks
+
+
+@given(st.lists(st.integers(0, 297), min_size=1, max_size=150), st.data())
+def test_texts_with_stop_strings_join_to_the_text_before_the_first(
+    ids: list[int], data: st.DataObject
+) -> None:
+    whole = TOKENIZER.decode(ids)
+    start = data.draw(st.integers(0, max(0, len(whole) - 1)))
+    stop = whole[start : start + data.draw(st.integers(1, 4))] or "A"
+    output = Output(TOKENIZER, (), len(ids), (stop, "\x00never"))
+    blocks = [ids[i : i + 32] for i in range(0, len(ids), 32)]
+    joined = ""
+    for i, block in enumerate(blocks):
+        joined += output.add_block(block, i + 1 == len(blocks))
+        if output.finish is not None:
+            break
+    cut = whole.find(stop)
+    assert joined == (whole if cut < 0 else whole[:cut])
+    assert output.finish == ("length" if cut < 0 else "stop")
+
+
+def test_echo_puts_the_prompt_before_the_completion(fake: tuple[str, FakeBackend]) -> None:
+    url, _ = fake
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    reply = client.completions.create(model="m", prompt="Hello", max_tokens=4, echo=True)
+    by_ids = client.completions.create(model="m", prompt=TOKENIZER.encode("Hi!"), max_tokens=4, echo=True)
+    stream = client.completions.create(model="m", prompt="Hey", max_tokens=40, echo=True, stream=True)
+    assert reply.choices[0].text == "Hello" + "A" * 4 and by_ids.choices[0].text == "Hi!AAAA"
+    assert [c.choices[0].text for c in stream] == ["Hey" + "A" * 32, "B" * 8]
+    assert reply.usage is not None and reply.usage.completion_tokens == 4
+
+
+def test_parameters_sangam_would_ignore_are_refused_naming_them(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    user = [{"role": "user", "content": "hi"}]
+    before = len(backend.submitted)
+    refused = {
+        "logprobs": lambda: client.completions.create(model="m", prompt="x", logprobs=2),
+        "best_of": lambda: client.completions.create(model="m", prompt="x", best_of=3),
+        "suffix": lambda: client.completions.create(model="m", prompt="x", suffix="end"),
+        "top_p": lambda: client.completions.create(model="m", prompt="x", top_p=0.5),
+        "top_logprobs": lambda: client.chat.completions.create(model="m", messages=user, top_logprobs=3),
+        "echo": lambda: client.chat.completions.create(model="m", messages=user, extra_body={"echo": True}),
+        "n": lambda: client.chat.completions.create(model="m", messages=user, n=2),
+        "stop": lambda: client.completions.create(model="m", prompt="x", stop=["ok", ""]),
+        "top_k": lambda: client.completions.create(model="m", prompt="x", extra_body={"top_k": 5}),
+    }
+    for param, call in refused.items():
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert caught.value.status_code == 400
+        assert caught.value.body["param"] == param and param in caught.value.body["message"], param
+    assert len(backend.submitted) == before  # none reached the scheduler
+    neutral = client.completions.create(
+        model="m", prompt="x", max_tokens=1, top_p=1, logprobs=None, best_of=1, presence_penalty=0, user="u"
+    )  # what some clients send always: changes nothing, accepted
+    assert neutral.choices[0].text == "A"

@@ -207,3 +207,30 @@ def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Pa
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is False
     assert (summary["workers_lost"], summary["requests_failed"]) == (0, 0)  # the run's recovery counts
+
+
+def test_a_stop_string_ends_the_text_and_frees_the_worker(server: tuple[str, Path]) -> None:
+    url, logs = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    slow = {"forwards_per_block": 32}  # four blocks of 32 forwards: the cancel comes long before the end
+    first = client.completions.create(
+        model="tiny-llada", prompt="Once", max_tokens=32, seed=5, extra_body=slow
+    )
+    text = first.choices[0].text
+    stop = text[len(text) // 2 :][:3]
+    assert stop
+    raw = client.completions.with_raw_response.create(
+        model="tiny-llada", prompt="Once", max_tokens=MASK_LEN, seed=5, stop=[stop], extra_body=slow
+    )
+    reply = raw.parse()
+    assert reply.choices[0].text == text[: text.find(stop)] and reply.choices[0].finish_reason == "stop"
+    rid = int(raw.headers["x-sangam-request-id"])
+    with scheduler(logs) as grpc_client:
+        deadline = time.monotonic() + 10
+        while (state := grpc_client.poll(rid)).status == "RUNNING":
+            assert time.monotonic() < deadline, "the stopped request kept its worker"
+            time.sleep(0.05)
+    assert state.status == "ERROR" and "cancelled" in state.error and state.blocks_done < 4
+    echoed = client.completions.create(model="tiny-llada", prompt="Once", max_tokens=32, seed=5, echo=True,
+                                       extra_body=slow)  # fmt: skip
+    assert echoed.choices[0].text == "Once" + text

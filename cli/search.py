@@ -10,8 +10,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from cli.sweep import add_grid
-from sangam.config import RunConfig, RunFiles
+from cli.sweep import add_grid, grid_points
 from sangam.options import add_options, collect
 
 COLUMNS = (
@@ -21,6 +20,8 @@ COLUMNS = (
     "layout",
     "budget",
     "theta",
+    "testbed",
+    "time_scale",
     "max_qps_under_slo",
     "capped",
     "probes",
@@ -41,18 +42,15 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
     from sim.engines import EngineOptions, runner
-    from sim.options import SimOptions
     from sim.search import SearchOptions, search
-    from sim.sweep import Cache, Counts, GridOptions, grid
+    from sim.sweep import Cache, Counts, GridOptions
 
     if args.slo is None:
         raise ValueError("give at least one --slo METRIC=LIMIT, for example --slo p99_e2el_s=20")
     options = collect(SearchOptions, args)
     grid_options = collect(GridOptions, args)
-    base = collect(RunConfig, args, qps=options.start_qps)
     one_seed = dataclasses.replace(grid_options, seeds=grid_options.seeds[:1])
-    configs = grid(base, one_seed, [options.start_qps], collect(SimOptions, args),
-                   collect(RunFiles, args).progress)  # fmt: skip
+    configs = grid_points(args, one_seed, [options.start_qps], qps=options.start_qps)
     for point in configs:
         if not point.config.is_synthetic:
             raise ValueError(
@@ -73,7 +71,8 @@ def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
     cfg = answer.point.config
     return {
         "rank": rank, "model": cfg.model, "trace": cfg.trace, "layout": cfg.layout.name, "budget": cfg.budget,
-        "theta": cfg.theta, "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
+        "theta": cfg.theta, "testbed": answer.point.sim.testbed, "time_scale": answer.point.sim.time_scale,
+        "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
         "probes": " ".join(f"{q:g}{'+' if ok else '-'}" for q, ok, _ in answer.probes),
         "slo": " ".join(s.text for s in options.slo),
     }  # fmt: skip
@@ -95,7 +94,10 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
     from rich.table import Table
 
     slo = ", ".join(s.text for s in options.slo)
-    table = Table(title=f"sangam search: max QPS under {slo}", box=box.SIMPLE_HEAD)
+    first = rows[0]
+    scale = f", times {first['time_scale']:g}" if first["time_scale"] != 1.0 else ""
+    title = f"sangam search: max QPS under {slo} on testbed {first['testbed']}{scale}"
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "probes (+ met, - missed)"):
         table.add_column(header, justify="left" if header.startswith("probes") else "right")
     for r in rows:
@@ -104,7 +106,7 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
         table.add_row(*map(str, cells), r["probes"])
     console = Console()
     console.print(table)
-    best_row = rows[0]
+    best_row = first
     console.print(
         f"best: {best_row['layout']} (tau {best_row['budget']}, theta {best_row['theta']}) at "
         f"{best_row['max_qps_under_slo']:g} QPS",

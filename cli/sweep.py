@@ -7,10 +7,13 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sangam.config import RunConfig, RunFiles
 from sangam.options import add_options, collect, listed, option
+
+if TYPE_CHECKING:  # sim is imported when a command runs, not when the parser is built
+    from sim.sweep import GridOptions, Point
 
 FIXED = ("gpu", "gpus", "num_requests", "arrival_cv", "mask_len", "prefill_budget", "policy", "max_decodes",
          "pages")  # fmt: skip
@@ -25,16 +28,38 @@ class SweepOptions:
 
 
 def add_grid(parser: argparse.ArgumentParser) -> None:
-    """The options `sangam sweep` and `sangam search` share: the grid, the fixed config, the testbed."""
+    """The options `sangam sweep` and `sangam search` share: the grid, the fixed config, the testbed (as
+    `sangam sim` takes them: a flag given explicitly overrides the testbed's value)."""
+    from cli.sim import TESTBED_DEFAULTS
     from sim.engines import EngineOptions
     from sim.options import SimOptions
     from sim.sweep import GridOptions
 
     add_options(parser, GridOptions)
     add_options(parser.add_argument_group("engine"), EngineOptions)
-    add_options(parser, RunConfig, only=FIXED)
-    add_options(parser, RunFiles, only=("progress",))
-    add_options(parser.add_argument_group("testbed"), SimOptions, skip=("testbed", "time_scale"))  # sim only
+    add_options(parser, RunConfig, only=FIXED, defaults={"gpu": None}, default_text={"gpu": "the testbed's"})
+    per_pair = {"progress": "the testbed's per model and trace"}
+    add_options(parser, RunFiles, only=("progress",), default_text=per_pair)
+    testbeds = {name: "the testbed's" for name in ("control_ms", "link_gbps", "link_latency_ms")}
+    add_options(
+        parser.add_argument_group("testbed"), SimOptions, defaults=TESTBED_DEFAULTS, default_text=testbeds
+    )
+
+
+def grid_points(
+    args: argparse.Namespace, grid_options: GridOptions, rates: list[float], **fixed: Any
+) -> list[Point]:
+    """The points of `sangam sweep` and `sangam search` on the testbed the options name (`--testbed`,
+    else `sangam-<gpu>`), resolved as `sangam sim` resolves a run; `fixed`: RunConfig values."""
+    from cli.sim import given_options
+    from profiles.testbeds import choose_testbed, testbed_options
+    from sim.options import SimOptions
+    from sim.sweep import grid
+
+    testbed = choose_testbed(args.testbed, args.gpu)
+    base = collect(RunConfig, args, gpu=testbed.gpu, **fixed)
+    options = testbed_options(testbed, given_options(args, SimOptions))
+    return grid(base, grid_options, rates, options, collect(RunFiles, args).progress, testbed)
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -49,14 +74,12 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
     from sim.engines import EngineOptions, runner
-    from sim.options import SimOptions
-    from sim.sweep import Cache, Counts, GridOptions, evaluate, grid, plot_latency, tidy_rows, write_table
+    from sim.sweep import Cache, Counts, GridOptions, evaluate, plot_latency, tidy_rows, write_table
 
     options = collect(SweepOptions, args)
     grid_options = collect(GridOptions, args)
-    base = collect(RunConfig, args, qps=RunConfig().qps)
-    points = grid(base, grid_options, listed(args, "qps", base.qps), collect(SimOptions, args),
-                  collect(RunFiles, args).progress)  # fmt: skip
+    rates = list(listed(args, "qps", RunConfig().qps))
+    points = grid_points(args, grid_options, rates, qps=RunConfig().qps)
     cache = Cache(grid_options.cache or options.out / "cache")
     counts = Counts()
     started = time.perf_counter()

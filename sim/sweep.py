@@ -1,9 +1,11 @@
 """Sweeps over the simulator: a grid of configurations, one cached point per (config, rate, seed).
 
-A point is one resolved `RunConfig` (layout, budget, theta, rate, seed, KV pages made explicit) plus the
-testbed options that price it (`SimOptions`) and the progress model spec. Its cache key is a hash of all
-of that and of the code that computes it (`code_version`: the sources of sangam/, sim/ and profiles/,
-profile data included), so a repeated or interrupted sweep runs only the points it lacks. Points run on an
+A point is one resolved `RunConfig` (layout, budget, theta, rate, seed; the testbed's GPU, KV pages and
+arrival clip made explicit) plus the testbed it models and the options that price it (`SimOptions`: the
+testbed's name, link and control delay, `--time-scale`) and the progress model spec (the testbed's unless
+given). Its cache key is a hash of all of that, the testbed's content included, and of the code that
+computes it (`code_version`: the sources of sangam/, sim/ and profiles/, profile data and shipped
+testbeds included), so a repeated or interrupted sweep runs only the points it lacks. Points run on an
 engine (`sim.engines`: a local process pool, or Ray); a point's result depends only on its key, so the
 tidy table is the same whatever runs it.
 """
@@ -18,7 +20,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from sangam.hardware import MODELS
 from sangam.layout import parse_mode
 from sangam.options import option
 from sangam.tally import Tally, Watcher
+from sangam.testbed import Testbed, testbed_dict
 from sim.options import SimOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,11 +108,13 @@ def expand_layouts(names: Iterable[str], gpus: int) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One simulation: a resolved config, how it is priced, and its progress model spec."""
+    """One simulation: a resolved config, how it is priced, its progress model spec, and the testbed whose
+    profiles price it (None: `sangam-<gpu>`'s, as `sangam sim` without `--testbed`)."""
 
     config: RunConfig
     sim: SimOptions
     progress: str | None = None
+    testbed: Testbed | None = None
 
     def resolved(self) -> dict[str, Any]:
         """Every input of the point, defaults made explicit (JSON-ready)."""
@@ -121,64 +126,68 @@ class Point:
         return {**cfg, **{f"sim_{k}": v for k, v in sim.items()}, "progress": self.progress}
 
     def key(self, code: str) -> str:
-        text = json.dumps({"point": self.resolved(), "code": code}, sort_keys=True, default=str)
+        testbed = testbed_dict(self.testbed) if self.testbed is not None else None
+        text = json.dumps({"point": self.resolved(), "testbed": testbed, "code": code}, sort_keys=True,
+                          default=str)  # fmt: skip
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def grid(
-    base: RunConfig, options: GridOptions, rates: Sequence[float], sim: SimOptions, progress: str | None
+    base: RunConfig,
+    options: GridOptions,
+    rates: Sequence[float],
+    sim: SimOptions,
+    progress: str | None,
+    testbed: Testbed | None = None,
 ) -> list[Point]:
-    """Every combination of the grid at every rate and seed, KV pages resolved as `sangam sim` does."""
+    """Every combination of the grid at every rate and seed on `testbed` (None: `sangam-<base.gpu>`), as
+    `sangam sim` resolves a run: the testbed's GPU, KV pages (else its profile's live worker's), arrival
+    clip and forwards per block, except where `base` (pages, arrival_clip, arrival_cv) or `progress`
+    give their own. `sim`: the options as `profiles.testbeds.testbed_options` resolved them."""
+    from profiles.testbeds import choose_testbed, testbed_config, testbed_progress, unscaled_cost_model
+
+    testbed = testbed or choose_testbed(None, base.gpu)
+    sim = dataclasses.replace(sim, testbed=testbed.name)
+    given: Mapping[str, Any] = {
+        "pages": base.pages, "arrival_clip": base.arrival_clip, "arrival_cv": base.arrival_cv
+    }  # fmt: skip
+    profiles = {model: unscaled_cost_model(testbed, model, sim.cost)[2] for model in options.models}
     points = []
     for model, trace, budget, theta in itertools.product(
         options.models, options.traces, options.budgets, options.thetas
     ):
+        spec = testbed_progress(testbed, model, trace, progress)
         for layout in expand_layouts(options.layouts, base.gpus):
             for qps, seed in itertools.product(rates, options.seeds):
                 cfg = dataclasses.replace(
                     base, model=model, trace=trace, mode=layout, gpus=parse_mode(layout).num_workers,
                     budget=budget, theta=theta, qps=qps, seed=seed,
                 )  # fmt: skip
-                points.append(resolve(Point(cfg, sim, progress)))
+                cfg = testbed_config(testbed, cfg, profiles[model], given)
+                points.append(Point(cfg, sim, spec, testbed))
     return points
 
 
-def resolve(point: Point) -> Point:
-    """The point with its KV pages made explicit (the measured profile's, as the live worker has)."""
-    cfg = point.config
-    if cfg.pages is None and point.sim.cost == "profile":
-        pages = _profile_pages(cfg.model, cfg.gpu)
-        if pages is not None:
-            cfg = dataclasses.replace(cfg, pages=pages)
-    return dataclasses.replace(point, config=cfg)
+_priced: dict[tuple[str, str, str, float], tuple[CostModel, str]] = {}  # per process: a profile is read once
 
 
-@functools.cache
-def _profile_pages(model: str, gpu: str) -> int | None:
-    from profiles.store import load_profile
+def _cost_model(testbed: Testbed, model: str, cost: str, time_scale: float) -> tuple[CostModel, str]:
+    from profiles.testbeds import testbed_cost_model
 
-    profile = load_profile(model, gpu)
-    return profile.kv_pages if profile is not None else None
-
-
-@functools.cache
-def _cost_model(model: str, gpu: str, kind: str) -> tuple[CostModel, str]:
-    from profiles.analytic import AnalyticCostModel
-    from profiles.store import default_cost_model
-    from sangam.hardware import lookup_gpu, lookup_model
-
-    if kind == "profile":
-        cost, name, _ = default_cost_model(model, gpu)
-        return cost, name
-    return AnalyticCostModel(lookup_model(model), lookup_gpu(gpu)), "analytic"
+    key = (json.dumps(testbed_dict(testbed), sort_keys=True), model, cost, time_scale)
+    if key not in _priced:
+        _priced[key] = testbed_cost_model(testbed, model, cost, time_scale=time_scale)[:2]
+    return _priced[key]
 
 
 def run_point(point: Point) -> dict[str, Any]:
     """Simulate one point in this process; its summary (as `sangam sim` writes it)."""
+    from profiles.testbeds import choose_testbed
     from sim.run import simulate
 
     cfg = point.config
-    cost, cost_name = _cost_model(cfg.model, cfg.gpu, point.sim.cost)
+    testbed = point.testbed or choose_testbed(None, cfg.gpu)
+    cost, cost_name = _cost_model(testbed, cfg.model, point.sim.cost, point.sim.time_scale)
     ((cfg, rows),) = workload_points(cfg, [cfg.qps])
     result = simulate(
         cfg,

@@ -91,6 +91,28 @@ def test_several_configurations_are_ranked_and_the_best_named(
     assert "0 points run" in capsys.readouterr().out  # every probe from the cache
 
 
+def test_a_search_models_its_testbed_and_time_scale(tmp_path: Path) -> None:
+    args = ["search", "--layouts", "1C", *SMALL, "--slo", "mean_e2el_s=3", "--cache", str(tmp_path / "cache")]
+    answers = {}
+    for name, extra in (
+        ("ours", []),
+        ("slow", ["--time-scale", "2"]),
+        ("ref", ["--testbed", "reference-h100"]),
+    ):
+        out = tmp_path / f"{name}.csv"
+        assert main([*args, *extra, "--out", str(out)]) == 0
+        (answers[name],) = csv.DictReader(out.open())
+    assert [answers[n]["testbed"] for n in ("ours", "slow", "ref")] == ["sangam-h100"] * 2 + [
+        "reference-h100"
+    ]
+    assert (answers["ours"]["time_scale"], answers["slow"]["time_scale"]) == ("1.0", "2.0")
+    ours, slow = (float(answers[n]["max_qps_under_slo"]) for n in ("ours", "slow"))
+    assert slow < 0.75 * ours  # twice as slow an executor: about half the capacity
+    assert (
+        answers["ref"]["probes"] != answers["ours"]["probes"]
+    )  # its own pages and arrivals, not the cache's
+
+
 @pytest.mark.parametrize(
     "bad",
     [

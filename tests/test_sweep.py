@@ -111,3 +111,41 @@ def test_the_cache_key_is_the_resolved_config_and_the_code_version() -> None:
         dataclasses.replace(point, progress="fixed:4").key("v1"),
     ]
     assert len({point.key("v1"), *others}) == 5
+
+
+def test_a_sweep_models_its_testbed_and_time_scale_and_the_cache_tells_them_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from profiles.store import DATA
+
+    cache = ("--cost", "profile", "--cache", str(tmp_path / "cache"))
+    assert sweep(tmp_path / "ours", *cache, "--testbed", "sangam-h100") == (4, 0)
+    assert sweep(tmp_path / "reference", *cache, "--testbed", "reference-h100") == (4, 0)
+    assert sweep(tmp_path / "slow", *cache, "--time-scale", "1.5") == (4, 0)
+    assert sweep(tmp_path / "default", *cache) == (0, 4)  # no --testbed: sangam-h100's points
+    ours, reference, slow = (read(tmp_path / name / "sweep.csv") for name in ("ours", "reference", "slow"))
+    assert (tmp_path / "default" / "sweep.csv").read_bytes() == (tmp_path / "ours" / "sweep.csv").read_bytes()
+    assert {r["sim_testbed"] for r in ours} == {"sangam-h100"} == {r["sim_testbed"] for r in slow}
+    assert {r["sim_testbed"] for r in reference} == {"reference-h100"}
+    assert {(r["kv_pages"], r["arrival_clip"]) for r in reference} == {("5632", "3.0")}  # its own
+    assert {r["sim_time_scale"] for r in ours} == {"1.0"} and {r["sim_time_scale"] for r in slow} == {"1.5"}
+    for a, b, c in zip(ours, reference, slow, strict=True):
+        assert (a["layout"], a["qps"]) == (b["layout"], b["qps"]) == (c["layout"], c["qps"])
+        assert a["mean_e2el_ms"] != b["mean_e2el_ms"] and float(c["mean_e2el_ms"]) > float(a["mean_e2el_ms"])
+    assert {r["cost_model"] for r in slow} == {"derived from h200, times 1.5"}
+    run = tmp_path / "sim"  # a row is what sangam sim gives on the same testbed
+    assert main(["sim", "--testbed", "reference-h100", "--mode", "2C", "--qps", "4", "-n", "20",
+                 "--out", str(run)]) == 0  # fmt: skip
+    (row,) = [r for r in reference if (r["layout"], r["qps"]) == ("2C", "4.0")]
+    assert float(row["mean_e2el_ms"]) == json.loads((run / "summary.json").read_text())["mean_e2el_ms"]
+    mine = tmp_path / "mine.json"  # a testbed file edited under the same name: its points run again
+    raw = json.loads((DATA / "testbeds" / "sangam-h100.json").read_text()) | {"name": "mine"}
+    for scale in (2.0, 3.0):
+        raw["time_scales"] = {"llada-8b": {"decode": {"value": scale, "source": "a test"}}}
+        mine.write_text(json.dumps(raw))
+        assert sweep(tmp_path / f"mine-{scale:g}", *cache, "--testbed", str(mine)) == (4, 0)
+    capsys.readouterr()
+    assert main(["sweep", "--testbed", "reference-h100", "--gpu", "h200", "--out", str(tmp_path)]) == 2
+    assert "models the h100, not --gpu h200" in capsys.readouterr().err

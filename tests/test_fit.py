@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -90,6 +92,57 @@ def test_fit_recovers_the_decode_time_scale_that_made_the_curves(
     key = PointKey("1C", "fastdllm", "llada-8b", "sharegpt", 1024, float(first["qps"]))
     summary = PointRunner(testbed).run(key.config(REQUESTS, SEED)).summary
     assert metric(summary, "mean_e2el_s") == pytest.approx(float(first["value"]), rel=0.01)
+
+
+PREFILL_MS = {"sharegpt": 100.0, "arxiv": 300.0}
+
+
+class FormulaRunner:
+    """Stands in for the simulator: a model's prefill time is its prefill scale times a trace's constant,
+    its decode time its decode scale times the trace's mean forwards per block."""
+
+    def __init__(self, testbed: object) -> None:
+        pass
+
+    def run(self, cfg: Any, progress: str, scales: TimeScales) -> Any:
+        mean = parse_progress(progress).mean
+        summary = {
+            "mean_prefill_ms": scales.prefill * PREFILL_MS[cfg.trace],
+            "mean_decode_ms": scales.decode * mean * 10 * cfg.qps,
+        }
+        return SimpleNamespace(summary=summary)
+
+
+def test_a_models_traces_share_its_time_scales_and_are_fitted_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from calib import fit
+    from calib.targets import Target
+
+    monkeypatch.setattr(fit, "PointRunner", FormulaRunner)
+    base = load_testbed("sangam-h100")
+    truth = TimeScales(prefill=0.8, decode=1.3)
+    targets = []
+    for trace, qps in (("sharegpt", 1.0), ("arxiv", 1.0), ("sharegpt", 2.0), ("arxiv", 2.0)):
+        key = PointKey("1C", "deficit", "llada-8b", trace, 1024, qps)
+        summary = FormulaRunner(base).run(key, base.progress_spec("llada-8b", trace), truth).summary
+        for name, value in summary.items():
+            targets.append(Target(key, name, value, 1.0))
+    kinds = (IterationKind.PREFILL, IterationKind.DECODE)
+    (found,) = fit.fit_targets(base, targets, "none", 10, 0, kinds)  # one model: one fit
+    assert [(p.model, p.trace) for p in found.pairs] == [("llada-8b", "sharegpt"), ("llada-8b", "arxiv")]
+    assert found.scales.prefill == pytest.approx(0.8, rel=0.01)
+    assert found.scales.decode == pytest.approx(1.3, rel=0.01)
+    assert found.scales.mixed == 1.0 and len(found.points) == len(targets)
+    file = tmp_path / "targets.csv"
+    file.write_text("stands in for the targets file\n")
+    testbed = fit.fitted_testbed(base, "both", [found], file, "none", 10, 0)
+    assert testbed.scales("llada-8b") == found.scales and testbed.progress == base.progress
+    assert set(testbed.time_scales["llada-8b"]) == set(kinds)
+    assert testbed.fit is not None and set(testbed.fit["pairs"]) == {"llada-8b/sharegpt", "llada-8b/arxiv"}
+    assert all(len(testbed.fit["pairs"][pair]["points"]) == 4 for pair in testbed.fit["pairs"])
+    apart = fit.fit_targets(base, targets, "mean", 10, 0)  # no scales: each (model, trace) alone
+    assert [len(f.pairs) for f in apart] == [1, 1] and all(f.scales == TimeScales() for f in apart)
 
 
 def test_spread_and_dispersion_are_inverses() -> None:

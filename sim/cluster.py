@@ -96,9 +96,9 @@ class SimWorker:
     """One GPU worker: the Batcher driven by simulated time.
 
     The worker is a state machine on the event queue rather than a SimPy process (a generator): the
-    same events at the same instants and in the same order as the process it replaces (a start event,
-    an idle wake-up, an urgent cut of a decode stretch, a timeout per microbatch), without a generator
-    resumed or an exception thrown per event."""
+    same outcome, at the same instants and in the same order, as the process it replaces (a start
+    event, an idle wake-up, a timeout per microbatch; a decode stretch is cut where the process took an
+    interrupt), without a generator resumed or an exception thrown per event."""
 
     def __init__(self, cluster: Cluster, worker: int, batcher: Batcher) -> None:
         self.cluster = cluster
@@ -203,8 +203,10 @@ class Cluster:
         failures: Sequence[Failure] = (),
         restart_after_s: float | None = None,
         on_request: Callable[[int], None] | None = None,
+        stop: Callable[[float], bool] | None = None,
     ) -> None:
-        """`on_request` hears how many requests have ended so far, each time some have."""
+        """`on_request` hears how many requests have ended so far, each time some have; `stop(now)`
+        is asked after each request's end whether to end the run there (`stopped_at` then says when)."""
         for failure in failures:
             if failure.worker >= config.layout.num_workers:
                 raise ValueError(
@@ -232,7 +234,10 @@ class Cluster:
         self._controlled: dict[int, Dispatch] = {}  # request id -> its dispatch in the control delay
         self._moving: dict[int, Transfer] = {}  # request id -> its KV transfer in flight
         self._on_request = on_request
+        self._stop = stop
+        self._counting = on_request is not None or stop is not None
         self._requests_ended = 0
+        self.stopped_at: float | None = None
 
     def _batcher(self, worker: int, role: Role) -> Batcher:
         config = self.config.prefill_batch if role is Role.PREFILL else self.config.batch
@@ -259,7 +264,7 @@ class Cluster:
     def on_iteration(self, now: float, worker: int, outcome: Outcome) -> None:
         """Tell the router; stop the clock once the last block has ended."""
         self._blocks_left -= len(outcome.finished)
-        if self._on_request is not None:
+        if self._counting:
             self._ended(sum(req.finished for req in outcome.finished))
         actions = self.router.on_iteration(now, worker, outcome)
         if actions:
@@ -360,12 +365,18 @@ class Cluster:
 
     def _fail(self, action: Fail) -> None:
         self._blocks_left -= action.req.n_blocks - action.req.block
-        if self._on_request is not None:
+        if self._counting:
             self._ended(1)
         self._stop_if_done()
 
     def _ended(self, requests: int) -> None:
-        if requests:
-            assert self._on_request is not None
-            self._requests_ended += requests
+        if not requests:
+            return
+        self._requests_ended += requests
+        if self._on_request is not None:
             self._on_request(self._requests_ended)
+        if self._stop is not None and not self._all_done.triggered:
+            now = self.env.now
+            if any(self._stop(now) for _ in range(requests)):  # asked once per request ended
+                self.stopped_at = now
+                self._all_done.succeed()

@@ -16,6 +16,7 @@ from sangam.results import RecoveryCounts, request_row, summarize
 from sangam.router import Router
 from sangam.workload import TraceRow
 from sim.cluster import Cluster, ClusterConfig, LinkSpec
+from sim.early_stop import EarlyStop, Exceeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ def simulate(
     failures: Sequence[Failure] = (),
     restart_after_s: float | None = None,
     on_request: Callable[[int], None] | None = None,
+    stop: Sequence[Exceeds] = (),
 ) -> SimResult:
     """Simulate `rows` (with arrival times) under `cfg`; every request runs to completion, or ends
     with ERROR (`Request.error`) where failures leave the layout unable to serve it.
@@ -48,6 +50,9 @@ def simulate(
     `failures`: workers lost at given times (`sangam.faults.parse_failures`); each comes back empty
     `restart_after_s` after its loss if that is given, else never.
     `on_request`: told how many requests have ended so far, each time some have (a progress bar).
+    `stop`: end the run as soon as one of these limits is certain to be exceeded (`sim.early_stop`); the
+    summary of such a run covers the requests ended by then, and adds `stopped_at_s` and `lower_bounds`
+    (each limit's summary key -> the bound, ms).
     """
     started = time.perf_counter()
     requests = build_requests(cfg, rows, progress)
@@ -63,9 +68,10 @@ def simulate(
     )
     router = Router(cfg.layout, cfg.kv_pages, cfg.rng("router"), cfg.theta, policy=cfg.policy)
     log: list[tuple[Any, ...]] | None = [] if log_iterations else None
+    early = EarlyStop(stop, requests) if stop else None
     cluster = Cluster(
         cluster_config, cost, router, log, failures=failures, restart_after_s=restart_after_s,
-        on_request=on_request,
+        on_request=on_request, stop=early.exceeded if early is not None else None,
     )  # fmt: skip
     cluster.run(requests)
     recovery = RecoveryCounts(
@@ -74,5 +80,7 @@ def simulate(
     done = [request_row(r) for r in requests if r.finished]
     summary = summarize(done, cfg.model_spec.kv_bytes_per_token, recovery)
     wall = time.perf_counter() - started
+    if early is not None and cluster.stopped_at is not None:
+        summary.update(stopped_at_s=cluster.stopped_at, lower_bounds=early.bounds)
     summary.update(sim_wall_s=wall, sim_iterations=cluster.iterations, config=cfg.resolved())
     return SimResult(cfg, requests, summary, log, cluster.iterations, wall)

@@ -23,6 +23,8 @@ from sangam.args import positive_float
 from sangam.options import option
 from sangam.results import METRICS
 from sangam.tally import Tally, Watcher
+from sim.early_stop import STATS as EARLY_STATS
+from sim.early_stop import Exceeds
 from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
@@ -39,8 +41,19 @@ class Slo:
     text: str
 
     def value(self, summaries: Sequence[dict[str, Any]]) -> float:
-        """The metric's mean over the seeds' summaries."""
-        return sum(float(s[self.key]) for s in summaries) / len(summaries)
+        """The metric's mean over the seeds' summaries (of a run stopped early: its lower bound)."""
+        return sum(float(s.get("lower_bounds", {}).get(self.key, s[self.key])) for s in summaries) / len(
+            summaries
+        )
+
+    def stop_rule(self, seeds: int) -> Exceeds | None:
+        """What stops a probe's run once it is certain to fail this SLO, if its metric can be bounded
+        in a partial run: a seed whose own value exceeds `seeds` times the limit makes the mean over
+        the seeds exceed it."""
+        stat, _, metric = self.key.partition("_")
+        if metric != "e2el_ms" or stat not in EARLY_STATS:
+            return None
+        return Exceeds(stat, self.limit * seeds)
 
 
 def parse_slo(text: str) -> Slo:
@@ -145,6 +158,8 @@ def search(
     hears the points (probe x seed) done of an estimated total (`Bracket.left`), and the configurations
     answered."""
     g = options.granularity
+    stop = tuple(rule for slo in slos if (rule := slo.stop_rule(len(seeds))) is not None)
+    configs = [dataclasses.replace(c, stop=() if c.sim.failures() else stop) for c in configs]
     cap = int(options.max_qps / g + 1e-9)
     brackets = [Bracket(max(1, min(cap, round(options.start_qps / g))), cap) for _ in configs]
     done = 0
@@ -168,7 +183,9 @@ def search(
         for n, (i, rate) in enumerate(todo):
             mine = summaries[n * len(seeds) : (n + 1) * len(seeds)]
             values = {slo.text: slo.value(mine) for slo in slos}
-            brackets[i].record(rate, all(slo.value(mine) <= slo.limit for slo in slos), values)
+            stopped = any("stopped_at_s" in s for s in mine)
+            met = not stopped and all(slo.value(mine) <= slo.limit for slo in slos)
+            brackets[i].record(rate, met, values)
     if watch is not None:
         watch(Tally(done, done, f"{len(configs)}/{len(configs)} answered"))
     answers = [

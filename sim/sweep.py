@@ -33,6 +33,7 @@ from sangam.layout import parse_mode
 from sangam.options import option
 from sangam.tally import Tally, Watcher
 from sangam.testbed import Testbed, testbed_dict
+from sim.early_stop import Exceeds
 from sim.options import SimOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +116,7 @@ class Point:
     sim: SimOptions
     progress: str | None = None
     testbed: Testbed | None = None
+    stop: tuple[Exceeds, ...] = ()  # a search's probe: stop once a limit is certain to be exceeded
 
     def resolved(self) -> dict[str, Any]:
         """Every input of the point, defaults made explicit (JSON-ready)."""
@@ -123,7 +125,10 @@ class Point:
         if not self.config.is_synthetic:
             cfg["trace_sha256"] = file_digest(Path(self.config.trace))
         sim = dataclasses.asdict(self.sim)
-        return {**cfg, **{f"sim_{k}": v for k, v in sim.items()}, "progress": self.progress}
+        out = {**cfg, **{f"sim_{k}": v for k, v in sim.items()}, "progress": self.progress}
+        if self.stop:
+            out["stop"] = [f"{rule.key}>{rule.limit_ms!r}" for rule in self.stop]
+        return out
 
     def key(self, code: str) -> str:
         testbed = testbed_dict(self.testbed) if self.testbed is not None else None
@@ -198,6 +203,7 @@ def run_point(point: Point) -> dict[str, Any]:
         control_s=point.sim.control_ms / 1000,
         failures=point.sim.failures(),
         restart_after_s=point.sim.restart_after,
+        stop=point.stop,
     )
     summary = result.summary
     summary.update(cost_model=cost_name, kv_link=point.sim.kv_link(), control_ms=point.sim.control_ms)
@@ -266,10 +272,15 @@ def evaluate(
     watch: Watcher | None = None,
 ) -> list[dict[str, Any]]:
     """Every point's summary, from the cache or run (and cached as soon as it finishes), in order;
-    `watch` hears the points done (those from the cache first) of all of them as each finishes."""
+    `watch` hears the points done (those from the cache first) of all of them as each finishes.
+    A point with a stop rule takes the whole run's result where there is one, and one that ran to the
+    end is cached as the whole run."""
     code = code_version()
     keys = [p.key(code) for p in points]
     summaries: list[dict[str, Any] | None] = [cache.get(k) for k in keys]
+    for i, point in enumerate(points):
+        if summaries[i] is None and point.stop:
+            summaries[i] = cache.get(_whole(point).key(code))
     missing = [i for i, s in enumerate(summaries) if s is None]
     if counts is not None:
         counts.cached += len(points) - len(missing)
@@ -279,12 +290,19 @@ def evaluate(
         watch(Tally(done, len(points)))
     for j, summary in runner([points[i] for i in missing]):
         i = missing[j]
-        cache.put(keys[i], points[i], summary)
+        if points[i].stop and "stopped_at_s" not in summary:
+            cache.put(_whole(points[i]).key(code), _whole(points[i]), summary)
+        else:
+            cache.put(keys[i], points[i], summary)
         summaries[i] = summary
         done += 1
         if watch is not None:
             watch(Tally(done, len(points)))
     return [s for s in summaries if s is not None]
+
+
+def _whole(point: Point) -> Point:
+    return dataclasses.replace(point, stop=())
 
 
 def tidy_rows(points: Sequence[Point], summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -35,6 +35,41 @@ FILLER_DECODE_CONTEXT = 1819
 FILLER_DECODES = 4
 PEER = "UT-InfraAI/sangam"
 PEER_COMMIT = "bf5f000"
+# The public config.json of Dream-org/Dream-v0-Instruct-7B (architecture fields): `probe --model dream-7b`.
+DREAM_7B = {
+    "architectures": ["DreamModel"],
+    "model_type": "Dream",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "vocab_size": 152064,
+    "mask_token_id": 151666,
+    "pad_token_id": 151643,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "use_cache": False,
+}
+# --tiny / --dry-run: 2 layers, head_dim 128 as in the 7B, grouped KV heads as in the 7B.
+DREAM_TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 1024,
+    "mask_token_id": 1000,
+    "pad_token_id": 1,
+    "bos_token_id": 1,
+    "eos_token_id": 1,
+}
 
 
 def shapes(args: argparse.Namespace) -> int:
@@ -100,6 +135,8 @@ def probe(args: argparse.Namespace, probe_argv: list[str]) -> int:
 
         return time_loop(prepare_after_filler, call, cleanup, warmup, iters, release)
 
+    if args.model == "dream-7b":
+        use_dream(rp)
     rp.build_shapes = our_shapes
     rp.measure_shape = measure_with_harness
     rp.time_loop = time_after_filler
@@ -109,6 +146,60 @@ def probe(args: argparse.Namespace, probe_argv: list[str]) -> int:
         f"{FILLER_DECODE_CONTEXT}"
     )
     return int(rp.main(probe_argv))
+
+
+def use_dream(rp: Any) -> None:
+    """Make the probe build the reference's own Dream model (`sangam.model.dream.DreamModel`) instead of
+    LLaDA: its config (the public 7B one, or a 2-layer one with --tiny/--dry-run), random bf16 weights
+    drawn by the model's own initialiser on the device, then `fuse_qkv` and `fuse_ff_gate_up`, as the
+    reference's loader does after `from_pretrained`. Everything after the model (KV pool sized from the
+    model's layers and heads, packing, plans, graphs, sampler, the worker's iteration call) is the
+    probe's, unchanged; the model's own `requires_logit_shift` makes the reference's runner shift
+    Dream's logits as it does when serving."""
+
+    def dream_config(a: Any) -> dict[str, Any]:
+        tiny = getattr(a, "tiny", False) or getattr(a, "dry_run", False)
+        return {**DREAM_7B, **(DREAM_TINY if tiny else {})}
+
+    def build_dream(r: Any, device: Any, dtype: Any, cfg_dict: dict[str, Any]) -> tuple[Any, Any, dict]:
+        import torch
+        from sangam.model.dream import DreamConfig, DreamModel
+
+        config = DreamConfig(
+            **{k: v for k, v in cfg_dict.items() if k not in ("architectures", "model_type")}
+        )
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                model = DreamModel(config)
+        finally:
+            torch.set_default_dtype(previous)
+        model = model.to(device).eval()
+        model.fuse_qkv()
+        model.fuse_ff_gate_up()
+        checks = {
+            "model_class": type(model).__name__,
+            "num_layers": model.num_layers,
+            "num_q_heads": model.num_q_heads,
+            "num_kv_heads": model.num_kv_heads,
+            "head_dim": model.head_dim,
+            "requires_logit_shift": bool(getattr(model, "requires_logit_shift", False)),
+            "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+            "param_devices": sorted({str(p.device) for p in model.parameters()}),
+            "params_billion_incl_fused_dups": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+            # the probe asks for these three of LLaDA's blocks; Dream's fusions are the two calls above
+            "all_qkv_fused": True,
+            "all_ff_fused": True,
+            "all_fused_mlp_norm_path": True,
+        }
+        return model, config, checks
+
+    rp.effective_config = dream_config
+    rp.build_model = build_dream
+    rp.NOTES.append(
+        "model: the reference's DreamModel with Dream-v0-Instruct-7B's config (peer_profile.use_dream)"
+    )
 
 
 def store(args: argparse.Namespace) -> int:
@@ -209,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p = steps.add_parser("probe")
     p.add_argument("--probe", required=True, help="path to ref_probe.py")
     p.add_argument("--shapes", required=True, help="the JSON written by `shapes`")
+    p.add_argument("--model", default="llada-8b", choices=("llada-8b", "dream-7b"), help="the model timed")
     t = steps.add_parser("store")
     t.add_argument("--probe-json", required=True)
     t.add_argument("--model", default="llada-8b")

@@ -261,3 +261,38 @@ def test_report_rpc_timer_sizes_grow_with_the_batch(reference: Path, tmp_path: P
     by = {(r["batch_size"], r["seq_len"]): r for r in rows}
     assert by[4, 256]["bytes"] > 3 * by[1, 256]["bytes"] and by[1, 512]["bytes"] > by[1, 256]["bytes"]
     assert all(r["total_ms"] >= r["rpc_ms"] > 0 for r in rows)
+
+
+def _ref_probe() -> Path | None:
+    for candidate in (
+        REPO / ".peer" / "ref_probe.py",
+        REPO.parent / "shared" / "peers" / "tools" / "ref_probe.py",
+    ):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_peer_profile_builds_the_references_dream(reference: Path, tmp_path: Path) -> None:
+    """`peer_profile.py probe --model dream-7b` through the probe's CPU dry run: the reference's DreamModel
+    (2 layers, grouped KV heads) built, its KV pool, packing and worker servicer set up, our grid planned."""
+    from benchmarks.peer_profile import main as peer_main
+
+    probe = _ref_probe()
+    if probe is None:
+        pytest.skip("ref_probe.py is not here (.peer/ or ../shared/peers/tools/)")
+    shapes = tmp_path / "shapes.json"
+    assert peer_main(["shapes", "--model", "dream-7b", "--pages", "49152", "--json", str(shapes)]) == 0
+    args = [
+        str(REPO / "benchmarks" / "peer_profile.py"),
+        "probe",
+        "--model",
+        "dream-7b",
+        "--probe",
+        str(probe),
+    ]
+    args += ["--shapes", str(shapes), "--", "--dry-run", "--json", str(tmp_path / "probe.json")]
+    printed = _run_reference(reference, args, True, tmp_path)
+    assert "DRY RUN OK" in printed
+    assert "'model_class': 'DreamModel'" in printed and "'num_kv_heads': 1" in printed
+    assert "94 shapes planned" in printed

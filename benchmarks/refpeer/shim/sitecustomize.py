@@ -16,6 +16,9 @@ either way).
 5. transformers 5 calls `tie_weights(missing_keys=..., recompute_mapping=...)`; the reference's
    `LLaDAModelLM.tie_weights(self)` takes no arguments, so a model class of sangam.* whose tie_weights
    takes none is given one that accepts and ignores them.
+6. transformers 5 dropped the "default" entry of `ROPE_INIT_FUNCTIONS`, which the reference's Dream
+   rotary embedding looks up for plain RoPE: it is given back, the textbook inverse frequencies
+   base^(-2i/d) over the head dimension, attention factor 1.
 
 Each applied fix is listed in `APPLIED` and, when SANGAM_REF_SHIM_LOG is set, printed to stderr once.
 """
@@ -47,7 +50,10 @@ def _mutable_defaults_as_classvar(base: type) -> None:
         if cls.__module__.startswith("sangam."):
             notes = cls.__dict__.get("__annotations__")  # noqa: RUF063 - edited in place, not a copy
             for name, kind in list((notes or {}).items()):
-                if isinstance(cls.__dict__.get(name), list | dict | set):
+                if (
+                    isinstance(cls.__dict__.get(name), list | dict | set)
+                    and typing.get_origin(kind) is not typing.ClassVar
+                ):
                     notes[name] = typing.ClassVar[kind]
         return original(cls, *args, **kwargs)
 
@@ -120,6 +126,27 @@ def _tie_weights_keywords() -> None:
     APPLIED.append("sangam.* models: tie_weights(self) accepts transformers 5's keywords")
 
 
+def _default_rope() -> None:
+    from transformers import modeling_rope_utils
+
+    table = modeling_rope_utils.ROPE_INIT_FUNCTIONS
+    if "default" in table:
+        return
+
+    def plain_rope(
+        config: typing.Any, device: typing.Any = None, **_: typing.Any
+    ) -> tuple[typing.Any, float]:
+        import torch
+
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = int(dim * getattr(config, "partial_rotary_factor", 1.0))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+        return 1.0 / (config.rope_theta**exponents), 1.0
+
+    table["default"] = plain_rope
+    APPLIED.append('ROPE_INIT_FUNCTIONS["default"]: plain RoPE (gone from transformers 5)')
+
+
 def apply() -> None:
     try:
         base = _config_base()
@@ -130,6 +157,7 @@ def apply() -> None:
     _use_return_dict(base)
     _no_tied_weights_default()
     _tie_weights_keywords()
+    _default_rope()
     if os.environ.get("SANGAM_REF_SHIM_LOG"):
         print(f"refpeer shims (pid {os.getpid()}): {'; '.join(APPLIED) or 'none needed'}", file=sys.stderr)
 

@@ -9,11 +9,13 @@
 # simpy, ...), .peer (the reference's tarball), .jit (optional: an earlier call's JIT caches).
 # Environment: LOADS (QPS:REQUESTS,...; 0.5:30,1.5:60), D (forwards per block, dividing 32; 8),
 # SEED (7), PAGES (KV pages on both sides; 8192), STEPS (any of: reference rpc ours; all three),
-# READY_LIMIT (seconds for the reference to start; 330).
+# READY_LIMIT (seconds for the reference to start; 330), BUDGET (seconds the whole call may take; 580:
+# a step's limit is cut to what is left, and a step with less than 20 s left is skipped, so the summary
+# is always printed).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LOADS=${LOADS:-0.5:30,1.5:60}; D=${D:-8}; SEED=${SEED:-7}; PAGES=${PAGES:-8192}
-STEPS=${STEPS:-reference rpc ours}; READY_LIMIT=${READY_LIMIT:-330}
+STEPS=${STEPS:-reference rpc ours}; READY_LIMIT=${READY_LIMIT:-330}; BUDGET=${BUDGET:-580}
 OUT=${OUT:-/tmp/ref-replay-out}; mkdir -p "$OUT"
 REPO=$PWD; REF=/tmp/ref/sangam-reference/src; CKPT=/tmp/llada-8b-random; PORT=50151; QUOTA=$((32 / D))
 REFPATH="/tmp/site:$REF:$REPO/benchmarks/refpeer/shim"  # with the transformers-5 shims: its model code
@@ -21,7 +23,10 @@ PLAINPATH="/tmp/site:$REF"  # its stubs only: the replay client and the report t
 LOG="$OUT/steps.log"
 say() { echo "[$(date -u +%H:%M:%S) +$SECONDS s] $*" | tee -a "$LOG"; }
 step() {
-    local name=$1 limit=$2; shift 2; local t0=$SECONDS; say "start $name (limit $limit s)"
+    local name=$1 limit=$2; shift 2; local t0=$SECONDS left=$((BUDGET - 10 - SECONDS))
+    if (( left < 20 )); then say "skip $name: $left s left of BUDGET=$BUDGET"; return 124; fi
+    (( limit > left )) && limit=$left
+    say "start $name (limit $limit s)"
     timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}
     say "end $name: exit $rc after $((SECONDS - t0)) s"; return "$rc"
 }
@@ -92,6 +97,8 @@ if [[ $STEPS == *ours* ]]; then
             --model llada-8b --trace "$trace" -n "$n" --qps "${name#qps}" --mask-len 512 --pages "$PAGES" \
             --progress "fixed:$D" --seed "$SEED" --startup-timeout 100 --stall-timeout 60 \
             --out "$OUT/ours-$name" --log-dir "/tmp/live-logs-$name"
+        python3 -m benchmarks.ref_replay compare --reference "$OUT" --ours "$OUT" --json "$OUT/compare.json" \
+            > /dev/null 2>&1  # so far, in case the call is cut
     done
 fi
 

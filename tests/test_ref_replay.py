@@ -164,7 +164,7 @@ def test_checkpoint_loads_in_the_references_loader(reference: Path, tmp_path: Pa
     out = tmp_path / "ckpt"
     printed = _run_reference(
         reference,
-        [str(REFPEER / "write_checkpoint.py"), "--out", str(out), "--tiny", "--check"],
+        [str(REFPEER / "write_checkpoint.py"), "--out", str(out), "--tiny", "--shard-gb", "0.001", "--check"],
         True,
         tmp_path,
     )
@@ -173,6 +173,8 @@ def test_checkpoint_loads_in_the_references_loader(reference: Path, tmp_path: Pa
     assert config["architectures"] == ["LLaDAModelLM"] and config["n_layers"] == 2
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert "model.transformer.blocks.1.q_proj.weight" in index["weight_map"]
+    shards = sorted(out.glob("*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
 
 
 def test_scripts_refuse_our_package(tmp_path: Path) -> None:

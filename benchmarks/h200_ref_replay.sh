@@ -49,8 +49,8 @@ if [[ $STEPS == *reference* ]]; then
     step checkpoint 150 env PYTHONPATH="$REFPATH" python3 benchmarks/refpeer/write_checkpoint.py \
         --out "$CKPT" --device cuda --seed "$SEED"
     say "start the reference's launcher (log: ref-server.log)"
-    # from /tmp, and -P: the working directory (ours) is not on its sys.path; setsid: one group to stop
-    (cd /tmp && exec setsid env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 \
+    # from /tmp, and -P: the working directory (ours) is not on its sys.path; exec: $! is the launcher
+    (cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 \
         python3 -P -m sangam.entrypoints.launch --mode colocated --model "$CKPT" --gpus 0 \
         --scheduler-port $PORT --kv-page-size 16 --block-length 32 --max-tokens-per-iteration 1024 \
         --max-gen-len 512 --kv-max-pages "$PAGES" --max-batch-size 64 --metrics-output-dir /tmp/ref-metrics) \
@@ -71,9 +71,10 @@ if [[ $STEPS == *reference* ]]; then
         kill -0 "$LAUNCHER" 2>/dev/null || { say "the reference's launcher is gone"; break; }
     done
     say "stop the reference's launcher"
-    kill -TERM "$LAUNCHER" 2>/dev/null
+    kill -TERM "$LAUNCHER" 2>/dev/null  # it stops its scheduler and worker (SIGTERM, then SIGKILL)
     for _ in $(seq 30); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$LAUNCHER" 2>/dev/null; wait "$LAUNCHER" 2>/dev/null
+    if kill -0 "$LAUNCHER" 2>/dev/null; then pkill -KILL -P "$LAUNCHER"; kill -KILL "$LAUNCHER"; fi
+    wait "$LAUNCHER" 2>/dev/null; sleep 2
     grep -iE "error|traceback|exception|shims|ready|registered" "$OUT/ref-server.log" | head -n 20 \
         | tee -a "$LOG"
     tail -n 15 "$OUT/ref-server.log"

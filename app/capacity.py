@@ -40,7 +40,7 @@ class CapacityQuery:
     thetas: str = "8192"
     slos: str = "p99_e2el_s=20"
     granularity: float = 0.1
-    start_qps: float = 1.0
+    start_qps: float | None = None  # 1 per GPU of each configuration, as `sangam search`
     max_qps: float = 64.0
     num_requests: int = 1000
     seeds: str = "0"
@@ -75,7 +75,8 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
     seeds = _field("seeds", seed_list, query.seeds.replace(" ", ""))
     if not (layouts and budgets and thetas and seeds):
         raise InputError("layouts, τ, θ and seeds each need at least one value")
-    if not 0 < query.granularity <= query.start_qps <= query.max_qps:
+    start = query.start_qps if query.start_qps is not None else query.granularity
+    if not 0 < query.granularity <= start <= query.max_qps:
         raise InputError("need 0 < granularity <= start QPS <= max QPS")
     options = GridOptions(
         models=(query.model,), traces=(query.trace,), layouts=layouts, budgets=tuple(budgets),
@@ -90,9 +91,9 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
 def run_query(query: CapacityQuery, watch: Watcher | None = None) -> Capacity:
     """Search every configuration of the query's grid on WORKERS processes; `watch` hears the points."""
     slos, options, search_options = parse_query(query)
-    base = RunConfig(gpu=query.gpu, gpus=query.gpus, num_requests=query.num_requests, qps=query.start_qps)
+    base = RunConfig(gpu=query.gpu, gpus=query.gpus, num_requests=query.num_requests)
     one_seed = dataclasses.replace(options, seeds=options.seeds[:1])
-    configs = grid(base, one_seed, [query.start_qps], SimOptions(cost=query.cost), None)
+    configs = grid(base, one_seed, [1.0], SimOptions(cost=query.cost), None)  # each probe sets its rate
     with closing(LocalPool(WORKERS)) as engine:
         answers = search(configs, slos, options.seeds, engine, Cache(None), search_options, watch=watch)
     return Capacity(query, tuple(slos), tuple(answers))

@@ -55,7 +55,8 @@ def sidebar() -> CapacityQuery | None:
             "decode|...>_<s|ms>, overflow_rate, kv_transferred_gb",
         )  # fmt: skip
         low, high, step = st.columns(3)
-        start_qps = low.number_input("start QPS", min_value=0.01, value=DEFAULTS.start_qps, key="s_start")
+        start_qps = low.number_input("start QPS", min_value=0.01, value=DEFAULTS.start_qps, key="s_start",
+                                     placeholder="1 per GPU")  # fmt: skip
         max_qps = high.number_input("max QPS", min_value=0.01, value=DEFAULTS.max_qps, key="s_max")
         granularity = step.number_input(
             "precision", min_value=0.01, value=DEFAULTS.granularity, step=0.05, key="s_granularity"
@@ -69,8 +70,8 @@ def sidebar() -> CapacityQuery | None:
             return None
     return CapacityQuery(
         model=model, trace=trace, gpu=gpu, gpus=int(gpus), layouts=layouts, budgets=budgets, thetas=thetas,
-        slos=slos, granularity=float(granularity), start_qps=float(start_qps), max_qps=float(max_qps),
-        num_requests=int(num_requests), seeds=seeds, cost=cost,
+        slos=slos, granularity=float(granularity), max_qps=float(max_qps), num_requests=int(num_requests),
+        start_qps=None if start_qps is None else float(start_qps), seeds=seeds, cost=cost,
     )  # fmt: skip
 
 

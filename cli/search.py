@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     options = collect(SearchOptions, args)
     grid_options = collect(GridOptions, args)
     one_seed = dataclasses.replace(grid_options, seeds=grid_options.seeds[:1])
-    configs = grid_points(args, one_seed, [options.start_qps], qps=options.start_qps)
+    configs = grid_points(args, one_seed, [1.0], qps=1.0)  # each probe sets its own rate
     for point in configs:
         if not point.config.is_synthetic:
             raise ValueError(

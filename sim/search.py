@@ -89,7 +89,10 @@ class SearchOptions:
         "overflow_rate=0.1); several allowed", parse=parse_slo, many=True, metavar="METRIC=LIMIT",
     )  # fmt: skip
     granularity: float = option(0.1, "the answer's precision, requests/s", parse=positive_float)
-    start_qps: float = option(1.0, "the first rate probed, requests/s", parse=positive_float)
+    start_qps: float | None = option(
+        None, "the first rate probed, requests/s", parse=positive_float,
+        default_text="1 per GPU of the configuration",
+    )  # fmt: skip
     max_qps: float = option(1024.0, "stop doubling above this rate, requests/s", parse=positive_float)
     out: Path = option(Path("search.csv"), "write the ranking here (.csv or .json)", parse=Path,
                        metavar="FILE")  # fmt: skip
@@ -161,7 +164,8 @@ def search(
     stop = tuple(rule for slo in slos if (rule := slo.stop_rule(len(seeds))) is not None)
     configs = [dataclasses.replace(c, stop=() if c.sim.failures() else stop) for c in configs]
     cap = int(options.max_qps / g + 1e-9)
-    brackets = [Bracket(max(1, min(cap, round(options.start_qps / g))), cap) for _ in configs]
+    starts = [options.start_qps or float(c.config.layout.num_workers) for c in configs]  # grows with GPUs
+    brackets = [Bracket(max(1, min(cap, round(start / g))), cap) for start in starts]
     done = 0
     while True:
         todo = [(i, rate) for i, b in enumerate(brackets) if (rate := b.next()) is not None]

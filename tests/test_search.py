@@ -128,3 +128,13 @@ def test_bad_input_is_one_line_and_status_2(bad: list[str], capsys: pytest.Captu
     assert main(["search", "--layouts", "1C", *SMALL, *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sangam: error:") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_first_probe_is_one_qps_per_gpu_unless_given() -> None:
+    configs = [Point(RunConfig(mode=mode), SimOptions()) for mode in ("1C", "4C", "3P5C")]
+    slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
+    firsts = [a.probes[0][0] for a in search(configs, [slo], [0], fake_runner(lambda c: 0.0), Cache(None),
+                                             SearchOptions(max_qps=10))]  # fmt: skip
+    assert sorted(firsts) == [1.0, 4.0, 8.0]
+    given = search(configs, [slo], [0], fake_runner(lambda c: 0.0), Cache(None), SearchOptions(start_qps=3))
+    assert [a.probes[0][0] for a in given] == [3.0, 3.0, 3.0]

@@ -3,7 +3,8 @@
 # (LLaDA-8B, random weights, one GPU) so the HTTP path's cost is measured at a GPU's latencies.
 # Carried, ignored: .whl (flashinfer-python 0.6.3, apache-tvm-ffi, simpy, grpcio-health-checking, and
 # sangam serve's fastapi, starlette, pydantic, pydantic-core, uvicorn, typing-inspection, annotated-types,
-# opentelemetry-api), .jit (FlashInfer's JIT cache from an earlier call, optional).
+# opentelemetry-api; uvloop and httptools optional: uvicorn falls back to asyncio and h11), .jit
+# (FlashInfer's JIT cache from an earlier call, optional).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -1,5 +1,7 @@
 """What the HTTP path costs: one open-loop Poisson trace (ShareGPT-like lengths) replayed through
 `sangam live` and then sent through `sangam serve`'s `/v1/completions` (streamed), on the same machine.
+The HTTP client is `benchmarks.http_stream`'s, whose own cost is a fraction of a millisecond (httpx's was
+about 4 ms per request on the project's CPU machine).
 
 Run: python -m benchmarks.serve_bench [--num-prompts 32] [--request-rate 1] [--out DIR] [-- SERVE ARGS]
 
@@ -44,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.http_stream import Client
 from executor.client import AsyncSangamClient, SangamError
 from executor.messages import Submission
 from executor.ports import free_port
@@ -100,9 +103,7 @@ def run_live(trace_file: Path, out: Path, args: argparse.Namespace) -> dict[str,
     return summary
 
 
-async def send(
-    client: httpx.AsyncClient, row: tuple[float, int, int], t0: float, args: argparse.Namespace
-) -> Sent:
+async def send(client: Client, row: tuple[float, int, int], t0: float, args: argparse.Namespace) -> Sent:
     arrival, prompt_len, output_len = row
     await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
     body = {
@@ -112,24 +113,26 @@ async def send(
     start = time.perf_counter()
     first: float | None = None
     tokens = 0
+    error = ""
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                return Sent(False, None, prompt_len, 0, start, None, time.perf_counter(), text[:200])
-            rid = int(response.headers["x-sangam-request-id"])
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                if "error" in chunk:
-                    return Sent(
-                        False, rid, prompt_len, 0, start, first, time.perf_counter(), str(chunk["error"])
-                    )
-                first = first if first is not None else time.perf_counter()
-                tokens = min(output_len, tokens + BLOCK)
-    except httpx.HTTPError as err:
+        response = await client.post("/v1/completions", body)
+        if response.status != 200:
+            text = await response.text()
+            return Sent(False, None, prompt_len, 0, start, None, time.perf_counter(), text[:200])
+        rid = int(response.headers["x-sangam-request-id"])
+        async for line in response.lines():
+            if not line.startswith("data: ") or line == "data: [DONE]" or error:
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if "error" in chunk:
+                error = str(chunk["error"])
+                continue
+            first = first if first is not None else time.perf_counter()
+            tokens = min(output_len, tokens + BLOCK)
+    except (OSError, asyncio.IncompleteReadError) as err:
         return Sent(False, None, prompt_len, 0, start, first, time.perf_counter(), str(err))
+    if error:
+        return Sent(False, rid, prompt_len, 0, start, first, time.perf_counter(), error)
     return Sent(True, rid, prompt_len, tokens, start, first, time.perf_counter())
 
 
@@ -184,10 +187,12 @@ async def drive_grpc(
 
 
 async def drive(url: str, rows: list[tuple[float, int, int]], args: argparse.Namespace) -> list[Sent]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+    client = Client(url)
+    try:
         t0 = time.perf_counter()
         return list(await asyncio.gather(*(send(client, row, t0, args) for row in rows)))
+    finally:
+        client.close()
 
 
 def run_serve(

@@ -255,6 +255,20 @@ class AsyncSangamClient:
                 last = state
             await asyncio.sleep(POLL_INTERVAL_S)
 
+    async def watch(self) -> AsyncIterator[list[RequestState]]:
+        """The updates of every request submitted with `watch` set from the call on, in batches (the
+        latest state of each request that changed); an empty batch first, once the scheduler follows
+        the stream for this client. Ends when the scheduler stops. No deadline: it lasts as long as
+        the client wants."""
+        call = self._stub.Watch(codec.watch_request(), metadata=self._metadata)
+        try:
+            async for batch in call:
+                yield codec.state_batch_from_pb(batch)
+        except grpc.RpcError as err:
+            raise SangamError(f"{self.address}: Watch: {rpc.describe(err)}", _code(err)) from None
+        finally:
+            call.cancel()
+
     async def poll(self, request_id: int) -> RequestState:
         state = await self._call("Poll", self._stub.Poll(codec.request_ref(request_id), **self._options()))
         return codec.state_from_pb(state)

@@ -3,6 +3,8 @@ conversion between them and `executor/proto/sangam.proto`, each way that a proce
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from executor.messages import (
     BlockDone,
     BlockWork,
@@ -83,14 +85,15 @@ def shutdown_request() -> pb.ShutdownRequest:
 def submission_to_pb(sub: Submission) -> pb.SubmitRequest:
     return pb.SubmitRequest(
         prompt_token_ids=sub.prompt, gen_len=sub.gen_len, sampling=sampling_to_pb(sub.sampling),
-        forwards=sub.forwards,
+        forwards=sub.forwards, watch=sub.watch,
     )  # fmt: skip
 
 
 def submission_from_pb(msg: pb.SubmitRequest) -> Submission:
     return Submission(
-        tuple(msg.prompt_token_ids), msg.gen_len, sampling_from_pb(msg.sampling), tuple(msg.forwards)
-    )
+        tuple(msg.prompt_token_ids), msg.gen_len, sampling_from_pb(msg.sampling), tuple(msg.forwards),
+        msg.watch,
+    )  # fmt: skip
 
 
 def state_to_pb(state: RequestState) -> pb.RequestState:
@@ -131,6 +134,18 @@ def state_from_pb(msg: pb.RequestState) -> RequestState:
         transfer_s=tuple(msg.transfer_s),
         overflow_blocks=msg.overflow_blocks,
     )
+
+
+def state_batch_to_pb(states: Sequence[RequestState]) -> pb.StateBatch:
+    return pb.StateBatch(states=[state_to_pb(state) for state in states])
+
+
+def state_batch_from_pb(msg: pb.StateBatch) -> list[RequestState]:
+    return [state_from_pb(state) for state in msg.states]
+
+
+def watch_request() -> pb.WatchRequest:
+    return pb.WatchRequest()
 
 
 def _status_from_pb(value: int) -> RequestStatus:

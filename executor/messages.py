@@ -52,6 +52,7 @@ class Submission:
     gen_len: int  # a positive multiple of 32, at most the server's mask buffer
     sampling: Sampling = Sampling()
     forwards: tuple[int, ...] = ()  # forced forwards of each block; empty: the sampler decides
+    watch: bool = False  # its updates go to the scheduler's Watch streams
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ status ERROR with the reason and further submits are refused.
 Calls are checked by `executor.auth`: the control port and the workers need the run's secret, the client
 port the api key when one is set (and its Shutdown the secret or the key). The client port bounds its
 open streams (`rpc.StreamLimit`) below its thread count, so Submit, Status and health always find a
-thread.
+thread. A client that follows many requests (`sangam serve`) opens one Watch stream for all of them
+instead of one Stream each: the core thread hands the states of requests submitted with `watch` to every
+open Watch, whose thread sends whatever queued up meanwhile as one message.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ WORKER_TIMEOUT_S = 30.0  # a worker holding work that has not reported for this 
 CLIENT_THREADS = 256  # a parked Stream holds one
 CLIENT_STREAMS = 192  # open Streams at most: CLIENT_THREADS - CLIENT_STREAMS threads stay for unary calls
 CLIENT_STREAMS_PER_PEER = 128  # from one client connection
+WATCH_CHECK_S = 1.0  # how often an idle Watch stream checks that its client is still there
 CLIENT_MAX_RPCS = 1024  # beyond this, calls fail fast with RESOURCE_EXHAUSTED instead of queueing
 
 log = logging.getLogger("sangam.scheduler")
@@ -152,6 +155,9 @@ class SchedulerCore:
             queue.SimpleQueue()
         )
         self._threads: list[threading.Thread] = []
+        self._watchers: tuple[queue.SimpleQueue[RequestState | None], ...] = ()  # replaced, never changed
+        self._watchers_lock = threading.Lock()
+        self.state.watch = self._to_watchers
         self._core = self._thread(self._core_loop, "core")
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -176,6 +182,8 @@ class SchedulerCore:
         self._events.put(None)
         for tracked in list(self.state.tracked.values()):  # wake every parked stream
             tracked.changed.set()
+        for watcher in self._watchers:
+            watcher.put(None)
         rpc.join_all(self._threads, timeout=3.0)
         if self.state.iteration_log is not None:
             self.state.iteration_log.close()
@@ -269,6 +277,38 @@ class SchedulerCore:
             if state.status.terminal or self.stopped.is_set() or not active():
                 return
             changed.wait(1.0)
+
+    def watch(self, active: Callable[[], bool]) -> Iterator[list[RequestState]]:
+        """The states of watched requests published from now on, in batches: what queued up since the last
+        batch, the latest state of each request (a state holds all that came before it). An empty batch
+        first, once registered."""
+        updates: queue.SimpleQueue[RequestState | None] = queue.SimpleQueue()
+        with self._watchers_lock:
+            self._watchers = (*self._watchers, updates)
+        try:
+            yield []
+            while not self.stopped.is_set() and active():
+                try:
+                    item = updates.get(timeout=WATCH_CHECK_S)
+                except queue.Empty:
+                    continue
+                batch: dict[int, RequestState] = {}
+                while item is not None:
+                    batch[item.request_id] = item
+                    try:
+                        item = updates.get_nowait()
+                    except queue.Empty:
+                        break
+                yield list(batch.values())
+                if item is None:  # the scheduler is stopping
+                    return
+        finally:
+            with self._watchers_lock:
+                self._watchers = tuple(w for w in self._watchers if w is not updates)
+
+    def _to_watchers(self, state: RequestState) -> None:
+        for watcher in self._watchers:
+            watcher.put(state)
 
     def cancel(self, rid: int) -> RequestState:
         """Cancel request `rid` on the core thread; its state once that is done."""
@@ -377,6 +417,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def Stream(self, request: pb.RequestRef, context: grpc.ServicerContext) -> Iterator[pb.RequestState]:
         for state in self.core.stream(request.request_id, context.is_active):
             yield codec.state_to_pb(state)
+
+    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.StateBatch]:
+        for batch in self.core.watch(context.is_active):
+            yield codec.state_batch_to_pb(batch)
 
     def Cancel(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
         return codec.state_to_pb(self.core.cancel(request.request_id))

@@ -4,7 +4,8 @@ driven by the workers' reports, KV transfers, and the cluster's failure.
 `register` and `submit` may be called from any thread (they hold the lock); everything else runs on one
 thread, the scheduler's core thread, in the order events arrived. Work for a worker leaves through
 `send(worker, item)`; clients read each request's `Tracked.state`, a snapshot replaced (never changed) on
-every update, and may wait on `Tracked.changed`, set when it is replaced.
+every update, and may wait on `Tracked.changed`, set when it is replaced; the states of requests
+submitted with `watch` also go to `watch(state)` as they are published (the scheduler's Watch streams).
 
 Lost workers (`on_worker_lost`, from the process's exit, failed health checks or silence while holding
 work): the router sends their requests back to routing at their last finished block, its `Drop` actions
@@ -78,6 +79,7 @@ class Tracked:
     status: RequestStatus = RequestStatus.QUEUED
     error: str = ""
     eos: bool = False
+    watched: bool = False  # its published states go to `SchedulerState.watch`
     state: RequestState = field(init=False)
     changed: threading.Event = field(default_factory=threading.Event)  # set (and replaced) on publish
 
@@ -160,6 +162,7 @@ class SchedulerState:
         self.stop_at_eos = stop_at_eos
         self.send = send
         self.clock = clock
+        self.watch: Callable[[RequestState], None] = lambda state: None
         self.iteration_log = iteration_log
         self.restarts = restarts  # lost workers are restarted: a layout left unable to serve waits for them
         self.transfers = Transfers(transfer_attempts)
@@ -240,7 +243,8 @@ class SchedulerState:
             if self.first_arrival is None and reason is None:
                 self.first_arrival = arrival
             prompt = list(sub.prompt) if reason is None else []
-            tracked = Tracked(rid, arrival, prompt, n_blocks, planned, sub.sampling)
+            watched = sub.watch and reason is None
+            tracked = Tracked(rid, arrival, prompt, n_blocks, planned, sub.sampling, watched=watched)
             self.tracked[rid] = tracked
             self.submitted += 1
             if reason is not None:
@@ -511,8 +515,7 @@ class SchedulerState:
             self.errors += 1
         self._publish(tracked)
 
-    @staticmethod
-    def _publish(t: Tracked) -> None:
+    def _publish(self, t: Tracked) -> None:
         """Replace the request's client-visible snapshot (never mutated once published)."""
         req = t.req
         end = req.blocks[-1].end if req is not None and req.finished else None
@@ -531,3 +534,5 @@ class SchedulerState:
         )  # before the swap: a stream that sees the new event sees this state
         changed, t.changed = t.changed, threading.Event()
         changed.set()  # wakes only this request's streams
+        if t.watched:
+            self.watch(t.state)

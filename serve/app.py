@@ -362,15 +362,20 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         rid: str, created: int, name: str, request: Request, kind: type[api.ChatChunk | api.CompletionChunk],
     ) -> StreamingResponse:  # fmt: skip
         async def events() -> AsyncIterator[str]:
+            last_write = ""  # the last block's chunk, the usage chunk and [DONE] go out in one write
             try:
                 async for text in blocks(job, output):
-                    yield data(chunk(text, output.finish).model_dump(exclude_none=False, exclude={"usage"}))
+                    event = data(chunk(text, output.finish).model_dump(exclude_none=False, exclude={"usage"}))
+                    if output.finish is None:
+                        yield event
+                    else:
+                        last_write = event
                 if include_usage:
-                    yield data(kind(id=rid, created=created, model=name, choices=[], usage=usage(job, output))
-                               .model_dump())  # fmt: skip
+                    final = kind(id=rid, created=created, model=name, choices=[], usage=usage(job, output))
+                    last_write += data(final.model_dump())
             except APIError as err:
-                yield data({"error": json.loads(bytes(err.response().body))["error"]})
-            yield "data: [DONE]\n\n"
+                last_write += data({"error": json.loads(bytes(err.response().body))["error"]})
+            yield last_write + "data: [DONE]\n\n"
 
         return ClosingStream(
             events(),

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from executor.client import AsyncSangamClient
+from executor.client import AsyncSangamClient, SangamError
 from executor.messages import ClusterStatus, RequestState, Submission
 
-STREAMS = 96  # Streams open at once, below the scheduler's bounds per connection (128) and in all (192)
+UNCLAIMED_S = 60.0  # how long a finished request's last state waits for a stream to follow it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +86,24 @@ class ClusterBackend:
     """`Backend` over the scheduler's client port; the address is set once the cluster is up, and the
     asyncio channel is opened on first use, inside the server's event loop.
 
-    The scheduler bounds the Streams one client connection may hold open (`executor.scheduler`,
-    `CLIENT_STREAMS_PER_PEER`), so at most `STREAMS` requests are streamed at once; a request beyond
-    that waits for a slot (it is queued or running at the scheduler meanwhile, and the stream it then
-    opens starts with every block it has finished, which the app still sends one chunk per block)."""
+    Every request is submitted with `watch` set, and one Watch stream, opened before the first Submit,
+    carries the updates of them all (`executor.scheduler`): no stream per request, so no bound on the
+    requests followed at once. A state may come before the Submit reply that names its request, so the
+    latest state of each request is kept until its stream has read it to the end; a finished one that
+    no stream follows within `UNCLAIMED_S` is dropped (refused at Submit, or given up before it was
+    followed). A Watch stream that ends once it was up means the scheduler is gone: every stream and
+    every later Submit then raises `SangamError`."""
 
     def __init__(self, api_key: str | None = None) -> None:
         self.address = ""
         self.api_key = api_key
         self._client: AsyncSangamClient | None = None
-        self._streams = asyncio.Semaphore(STREAMS)
+        self._latest: dict[int, RequestState] = {}
+        self._woken: dict[int, asyncio.Event] = {}  # the followed requests'
+        self._unclaimed: dict[int, float] = {}  # finished requests no stream follows: since when
+        self._watch: asyncio.Task[None] | None = None
+        self._registered: asyncio.Future[None] | None = None  # done once the scheduler follows the Watch
+        self._lost: SangamError | None = None  # why the Watch stream ended after it was up
 
     def _connected(self) -> AsyncSangamClient:
         if self._client is None:
@@ -104,12 +113,29 @@ class ClusterBackend:
         return self._client
 
     async def submit(self, submission: Submission) -> RequestState:
-        return await self._connected().submit(submission)
+        await self._watching()
+        return await self._connected().submit(replace(submission, watch=True))
 
     async def stream(self, request_id: int) -> AsyncIterator[RequestState]:
-        async with self._streams:
-            async for update in self._connected().stream(request_id):
-                yield update
+        woken = self._woken.setdefault(request_id, asyncio.Event())
+        self._unclaimed.pop(request_id, None)
+        last: RequestState | None = None
+        try:
+            while True:
+                state = self._latest.get(request_id)
+                if state is not None and state is not last:
+                    last = state
+                    yield state
+                    if state.finished:
+                        return
+                    continue
+                if self._lost is not None:
+                    raise self._lost
+                woken.clear()
+                await woken.wait()
+        finally:
+            self._woken.pop(request_id, None)
+            self._latest.pop(request_id, None)
 
     async def cancel(self, request_id: int) -> None:
         await self._connected().cancel(request_id)
@@ -118,5 +144,46 @@ class ClusterBackend:
         return await self._connected().status()
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self._client is not None:
             await self._client.close()
+
+    async def _watching(self) -> None:
+        """Open the Watch stream unless it is open (again if it failed before it was up), and wait until
+        the scheduler follows it."""
+        if self._lost is not None:
+            raise self._lost
+        if self._registered is None or (self._registered.done() and self._registered.exception()):
+            self._registered = asyncio.get_running_loop().create_future()
+            self._watch = asyncio.create_task(self._follow(self._registered))
+        await asyncio.shield(self._registered)
+
+    async def _follow(self, registered: asyncio.Future[None]) -> None:
+        try:
+            async for states in self._connected().watch():
+                if not registered.done():
+                    registered.set_result(None)  # the first batch, empty: the scheduler follows it
+                self._dispatch(states)
+            raise SangamError(f"{self.address}: Watch: the scheduler ended the stream")
+        except SangamError as err:
+            if not registered.done():
+                registered.set_exception(err)
+                return
+            self._lost = err
+            for woken in self._woken.values():
+                woken.set()
+
+    def _dispatch(self, states: list[RequestState]) -> None:
+        now = time.monotonic()
+        for state in states:
+            self._latest[state.request_id] = state
+            woken = self._woken.get(state.request_id)
+            if woken is not None:
+                woken.set()
+            elif state.finished:
+                self._unclaimed[state.request_id] = now
+        for rid, since in list(self._unclaimed.items()):
+            if now - since > UNCLAIMED_S:
+                del self._unclaimed[rid]
+                self._latest.pop(rid, None)

@@ -96,16 +96,17 @@ def test_every_client_call_needs_the_api_key_but_health_stays_open(cluster: Loca
     for token in (None, "wrong-key", cluster.secret + "x"):
         calls += [raw(client, scheduler_method(name), msg, token) for name, msg in CLIENT_CALLS.items()]
         calls.append(raw(client, scheduler_method("Stream"), pb.RequestRef(request_id=0), token, stream=True))
+        calls.append(raw(client, scheduler_method("Watch"), pb.WatchRequest(), token, stream=True))
     calls.append(raw(client, HEALTH_CHECK, None))
     calls.append(raw(client, scheduler_method("Status"), pb.StatusRequest(), KEY))
     outcomes = attack(calls)
-    assert [o["code"] for o in outcomes[:-2]] == ["UNAUTHENTICATED"] * 18
+    assert [o["code"] for o in outcomes[:-2]] == ["UNAUTHENTICATED"] * 21
     assert "authorization: Bearer" in outcomes[0]["details"]
     assert [o["code"] for o in outcomes[-2:]] == ["OK", "OK"]  # health and a call with the key
     status = cluster.client.status() if cluster.client else None
     assert status is not None and status.ready and status.submitted == 1  # no Submit got through
     log = (cluster.log_dir / "scheduler.log").read_text()
-    assert log.count("scheduler client port refused") == 18
+    assert log.count("scheduler client port refused") == 21
 
 
 def test_the_client_sends_its_api_key(cluster: LocalCluster) -> None:
@@ -165,7 +166,7 @@ def test_undecodable_requests_get_invalid_argument_and_no_traceback(cluster: Loc
     calls += [raw(where[name], HEALTH_CHECK) for name in ("client", "worker 0", "worker 1")]
     for call in calls:
         call["payload"] = GARBAGE.hex()
-        call["stream"] = call["method"].endswith("/Stream")
+        call["stream"] = call["method"].endswith(("/Stream", "/Watch"))
     outcomes = attack(calls)
     assert [o["code"] for o in outcomes] == ["INVALID_ARGUMENT"] * len(calls)
     assert "does not decode" in outcomes[0]["details"]

@@ -55,21 +55,24 @@ class SamplingParams(_message.Message):
     ) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "gen_len", "sampling", "forwards")
+    __slots__ = ("prompt_token_ids", "gen_len", "sampling", "forwards", "watch")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     GEN_LEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     gen_len: int
     sampling: SamplingParams
     forwards: _containers.RepeatedScalarFieldContainer[int]
+    watch: bool
     def __init__(
         self,
         prompt_token_ids: _Optional[_Iterable[int]] = ...,
         gen_len: _Optional[int] = ...,
         sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...,
         forwards: _Optional[_Iterable[int]] = ...,
+        watch: _Optional[bool] = ...,
     ) -> None: ...
 
 class SubmitReply(_message.Message):
@@ -159,6 +162,16 @@ class RequestState(_message.Message):
         transfer_s: _Optional[_Iterable[float]] = ...,
         overflow_blocks: _Optional[int] = ...,
     ) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StateBatch(_message.Message):
+    __slots__ = ("states",)
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedCompositeFieldContainer[RequestState]
+    def __init__(self, states: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

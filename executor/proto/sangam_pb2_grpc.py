@@ -81,6 +81,12 @@ class SchedulerStub:
             response_deserializer=executor_dot_proto_dot_sangam__pb2.RequestState.FromString,
             _registered_method=True,
         )
+        self.Watch = channel.unary_stream(
+            "/sangam.live.v1.Scheduler/Watch",
+            request_serializer=executor_dot_proto_dot_sangam__pb2.WatchRequest.SerializeToString,
+            response_deserializer=executor_dot_proto_dot_sangam__pb2.StateBatch.FromString,
+            _registered_method=True,
+        )
 
 
 class SchedulerServicer:
@@ -137,6 +143,16 @@ class SchedulerServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def Watch(self, request, context):
+        """Every update of the requests submitted with `watch` set, from the call on, in batches (what
+        queued up while the last batch was sent, one state per request: a state holds all that came
+        before it). An empty batch comes first, once the stream is registered: requests submitted after
+        it lose no update. One stream follows all of a front end's requests (`sangam serve`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +190,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             servicer.Cancel,
             request_deserializer=executor_dot_proto_dot_sangam__pb2.RequestRef.FromString,
             response_serializer=executor_dot_proto_dot_sangam__pb2.RequestState.SerializeToString,
+        ),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch,
+            request_deserializer=executor_dot_proto_dot_sangam__pb2.WatchRequest.FromString,
+            response_serializer=executor_dot_proto_dot_sangam__pb2.StateBatch.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler("sangam.live.v1.Scheduler", rpc_method_handlers)
@@ -387,6 +408,36 @@ class Scheduler:
             "/sangam.live.v1.Scheduler/Cancel",
             executor_dot_proto_dot_sangam__pb2.RequestRef.SerializeToString,
             executor_dot_proto_dot_sangam__pb2.RequestState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def Watch(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            "/sangam.live.v1.Scheduler/Watch",
+            executor_dot_proto_dot_sangam__pb2.WatchRequest.SerializeToString,
+            executor_dot_proto_dot_sangam__pb2.StateBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,73 @@
+"""`ClusterBackend` over a scheduler that answers like the real one can: a request's updates on the Watch
+stream before the Submit reply that names it, and a Watch stream that ends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from executor.client import SangamError
+from executor.messages import RequestState, RequestStatus, Submission
+from serve.backend import ClusterBackend
+
+
+class Scheduler:
+    """The `AsyncSangamClient` calls the backend makes; a Submit's states go out on the Watch first, its
+    reply after; `finish=False` leaves the request running."""
+
+    def __init__(self) -> None:
+        self.batches: asyncio.Queue[list[RequestState] | None] = asyncio.Queue()
+        self.watches = 0
+        self.ids = 0
+
+    async def watch(self) -> AsyncIterator[list[RequestState]]:
+        self.watches += 1
+        yield []
+        while (batch := await self.batches.get()) is not None:
+            yield batch
+
+    async def submit(self, submission: Submission, finish: bool = True) -> RequestState:
+        assert submission.watch
+        rid, self.ids = self.ids, self.ids + 1
+        await self.batches.put([RequestState(rid, RequestStatus.QUEUED, n_blocks=1)])
+        if submission.gen_len == 32:
+            await self.batches.put([RequestState(rid, RequestStatus.DONE, blocks_done=1, n_blocks=1)])
+        for _ in range(5):
+            await asyncio.sleep(0)  # the Watch delivers them before this reply
+        return RequestState(rid, RequestStatus.QUEUED, n_blocks=1)
+
+
+def backend_over(scheduler: Scheduler) -> ClusterBackend:
+    backend = ClusterBackend()
+    backend._client = scheduler  # type: ignore[assignment]
+    return backend
+
+
+def test_states_that_come_before_the_submit_reply_are_not_lost() -> None:
+    async def run() -> list[RequestStatus]:
+        scheduler = Scheduler()
+        backend = backend_over(scheduler)
+        rids = [(await backend.submit(Submission((1, 2), 32))).request_id for _ in range(3)]
+        streams = [[s.status async for s in backend.stream(rid)] for rid in rids]
+        assert scheduler.watches == 1  # one stream follows them all
+        return [statuses[-1] for statuses in streams]
+
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == [RequestStatus.DONE] * 3
+
+
+def test_a_watch_that_ends_fails_its_followers_and_later_submits() -> None:
+    async def run() -> None:
+        scheduler = Scheduler()
+        backend = backend_over(scheduler)
+        running = await backend.submit(Submission((1, 2), 64))  # stays QUEUED
+        updates = backend.stream(running.request_id)
+        assert (await anext(updates)).status is RequestStatus.QUEUED
+        await scheduler.batches.put(None)  # the scheduler ends the Watch
+        with pytest.raises(SangamError, match="ended the stream"):
+            await anext(updates)
+        with pytest.raises(SangamError, match="ended the stream"):
+            await backend.submit(Submission((1, 2), 32))
+
+    asyncio.run(asyncio.wait_for(run(), 10))

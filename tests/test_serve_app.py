@@ -405,3 +405,30 @@ def test_parameters_sangam_would_ignore_are_refused_naming_them(fake: tuple[str,
         model="m", prompt="x", max_tokens=1, top_p=1, logprobs=None, best_of=1, presence_penalty=0, user="u"
     )  # what some clients send always: changes nothing, accepted
     assert neutral.choices[0].text == "A"
+
+
+def test_the_last_chunk_usage_and_done_go_out_in_one_write(fake: tuple[str, FakeBackend]) -> None:
+    """One write (one HTTP chunk) fewer at the end of every stream: the client sees its end sooner."""
+    url, _ = fake
+    body = json.dumps(
+        {"prompt": "x", "max_tokens": 70, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}".encode()
+        )
+        raw = b""
+        while piece := sock.recv(65536):
+            raw += piece
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    writes = []
+    while (size := int(rest.split(b"\r\n", 1)[0], 16)) > 0:
+        start = rest.index(b"\r\n") + 2
+        writes.append(rest[start : start + size].decode())
+        rest = rest[start + size + 2 :]
+    assert len(writes) == 3  # blocks 1 and 2, then block 3 with the usage chunk and [DONE]
+    last = writes[-1].split("\n\n")
+    assert '"finish_reason":"length"' in last[0] and '"usage":{' in last[1] and last[2] == "data: [DONE]"

@@ -16,12 +16,14 @@ from cli.main import main
 from profiles import testbeds as tb
 from profiles.store import DATA
 from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
+from sangam.batcher import Microbatch
 from sangam.config import CONTROL_MS, RunConfig
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
 from sangam.testbed import LinkEntry, ProfileEntry, Sourced, parse_testbed
 from sangam.testbed import testbed_dict as as_dict
 from sangam.workload import TraceRow, with_arrivals
 from sim.options import SimOptions
+from tests.factories import make_request
 
 SHIPPED = ("sangam-h100", "sangam-h200", "reference-h200", "reference-h100")
 
@@ -157,13 +159,22 @@ def test_counts_spec_round_trips_observed_forwards() -> None:
         parse_progress("counts:3")
 
 
-def test_the_reference_testbeds_price_llada_with_its_measured_profile_and_have_no_dream() -> None:
-    h100 = load_testbed("reference-h100")
-    _, name, profile = tb.testbed_cost_model(h100, "llada-8b")
-    assert profile is not None and name == "h200-reference profile, derived from h200"
-    assert profile.meta["peer"] == "UT-InfraAI/sangam"
-    with pytest.raises(ValueError, match="no profile of dream-7b in profiles/data/h200-reference"):
-        tb.testbed_cost_model(h100, "dream-7b")
+def test_the_reference_testbeds_price_both_models_with_its_measured_profiles() -> None:
+    h100, h200 = load_testbed("reference-h100"), load_testbed("reference-h200")
+    for model in ("llada-8b", "dream-7b"):
+        _, name, profile = tb.testbed_cost_model(h100, model)
+        assert profile is not None and name == "h200-reference profile, derived from h200"
+        assert profile.model == model and profile.meta["peer"] == "UT-InfraAI/sangam"
+        _, measured_name, measured = tb.testbed_cost_model(h200, model)
+        assert measured is not None and measured_name == "h200-reference profile, measured"
+        assert measured.meta["peer"] == "UT-InfraAI/sangam"
+    # reference-h200 prices Dream with the reference's own times, not ours: one decode at context 1819
+    # took the reference 8.58 ms and us 6.18 ms on the H200 (profiles/data/h200-reference/dream-7b.csv)
+    decode = Microbatch((make_request(1, 1819),), (), 0, 0, 0, 0)
+    ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h200"), "dream-7b")
+    theirs, _, _ = tb.testbed_cost_model(h200, "dream-7b")
+    assert theirs.seconds(decode) == pytest.approx(8.58e-3, rel=0.1)
+    assert ours.seconds(decode) == pytest.approx(6.18e-3, rel=0.1)
     stand_in = dataclasses.replace(h100, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
     _, dream_name, dream = tb.testbed_cost_model(stand_in, "dream-7b")
     assert dream is not None and dream_name == "derived from h200" and dream.model == "dream-7b"

@@ -417,8 +417,8 @@ def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> 
         )
     if not prompt:
         raise APIError(400, "the prompt is empty", "prompt")
-    bad = next((i for i, t in enumerate(prompt) if not 0 <= t < limits.vocab or t == limits.mask_id), None)
-    if bad is not None:
+    if min(prompt) < 0 or max(prompt) >= limits.vocab or limits.mask_id in prompt:  # scans in C
+        bad = next(i for i, t in enumerate(prompt) if not 0 <= t < limits.vocab or t == limits.mask_id)
         token = prompt[bad]
         what = (
             "is the mask id" if token == limits.mask_id else f"is outside the vocabulary [0, {limits.vocab})"
@@ -446,8 +446,8 @@ def completion_prompt(
         return []
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if prompt and all(isinstance(p, int) for p in prompt):
-        return [int(p) for p in prompt]  # type: ignore[arg-type]
+    if isinstance(prompt[0], int):  # the protocol's validation made the list all ints or all else
+        return list(prompt)  # type: ignore[arg-type]
     if len(prompt) != 1:
         raise APIError(400, f"prompt: one prompt per request, got {len(prompt)}", "prompt")
     (only,) = prompt

@@ -447,11 +447,11 @@ def completion_prompt(
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
     if isinstance(prompt[0], int):  # the protocol's validation made the list all ints or all else
-        return list(prompt)  # type: ignore[arg-type]
+        return list(prompt)
     if len(prompt) != 1:
         raise APIError(400, f"prompt: one prompt per request, got {len(prompt)}", "prompt")
     (only,) = prompt
-    return tokenizer.encode(only) if isinstance(only, str) else list(only)  # type: ignore[arg-type]
+    return tokenizer.encode(only) if isinstance(only, str) else list(only)
 
 
 def usage(job: Job, output: Output) -> api.Usage:

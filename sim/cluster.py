@@ -203,16 +203,19 @@ class Cluster:
         failures: Sequence[Failure] = (),
         restart_after_s: float | None = None,
         on_request: Callable[[int], None] | None = None,
-        stop: Callable[[float], bool] | None = None,
+        stop: Callable[[Request, float], bool] | None = None,
     ) -> None:
-        """`on_request` hears how many requests have ended so far, each time some have; `stop(now)`
-        is asked after each request's end whether to end the run there (`stopped_at` then says when)."""
+        """`on_request` hears how many requests have ended so far, each time some have; `stop(req,
+        now)` is asked after each request's end whether to end the run there (`stopped_at` then says
+        when); not with failures, whose requests may end without a latency."""
         for failure in failures:
             if failure.worker >= config.layout.num_workers:
                 raise ValueError(
                     f"cannot fail worker {failure.worker}: {config.layout.name} has workers 0 to "
                     f"{config.layout.num_workers - 1}"
                 )
+        if stop is not None and failures:
+            raise ValueError("a run that may stop early cannot also lose workers")
         if restart_after_s is not None and not restart_after_s > 0:
             raise ValueError(f"the restart delay must be positive, got {restart_after_s}")
         self.env = simpy.Environment()
@@ -265,7 +268,7 @@ class Cluster:
         """Tell the router; stop the clock once the last block has ended."""
         self._blocks_left -= len(outcome.finished)
         if self._counting:
-            self._ended(sum(req.finished for req in outcome.finished))
+            self._ended([req for req in outcome.finished if req.finished])
         actions = self.router.on_iteration(now, worker, outcome)
         if actions:
             self._apply(actions)
@@ -366,17 +369,17 @@ class Cluster:
     def _fail(self, action: Fail) -> None:
         self._blocks_left -= action.req.n_blocks - action.req.block
         if self._counting:
-            self._ended(1)
+            self._ended([action.req])
         self._stop_if_done()
 
-    def _ended(self, requests: int) -> None:
-        if not requests:
+    def _ended(self, ended: Sequence[Request]) -> None:
+        if not ended:
             return
-        self._requests_ended += requests
+        self._requests_ended += len(ended)
         if self._on_request is not None:
             self._on_request(self._requests_ended)
         if self._stop is not None and not self._all_done.triggered:
             now = self.env.now
-            if any(self._stop(now) for _ in range(requests)):  # asked once per request ended
+            if any([self._stop(req, now) for req in ended]):  # each told, even after the first True
                 self.stopped_at = now
                 self._all_done.succeed()

@@ -10,6 +10,9 @@ rather than the whole trace.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +21,6 @@ from sangam.results import percentile
 
 QUANTILES = {"median": 50.0, "p90": 90.0, "p99": 99.0}
 STATS = ("mean", *QUANTILES)
-CHECK_EVERY = 100  # requests ended between two checks (a check looks at every request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +62,34 @@ def latency_bounds(requests: Sequence[Request], now: float) -> list[float]:
 
 
 class EarlyStop:
-    """`rules` watched over `requests`. Told of each request's end, `exceeded(now)` looks every
-    `CHECK_EVERY` ends and is True once any rule is certain to fail; `bounds` then holds each rule's
-    bound (summary key -> ms)."""
+    """`rules` watched over `requests`, told of each request's end (`ended`). Between two ends only
+    sorted lists and sums change, so each end costs a few bisections: a probe that runs to the end
+    pays little, and one that cannot meet its SLO stops at the first end after that became certain.
+    The quick test may only err towards looking (a float a few ulps off); a stop is always confirmed
+    over every request's bound (`latency_bounds`). `bounds` then holds each rule's bound (summary
+    key -> ms)."""
 
     def __init__(self, rules: Sequence[Exceeds], requests: Sequence[Request]) -> None:
         self.rules = tuple(rules)
         self.requests = requests
         self.bounds: dict[str, float] = {}
-        self._ends = 0
+        self._arrivals = sorted(req.arrival for req in requests)
+        self._arrival_sums = list(itertools.accumulate(self._arrivals, initial=0.0))
+        self._latencies: list[float] = []  # of the ended requests, sorted
+        self._ended_arrivals: list[float] = []  # theirs, sorted
+        self._latency_sum = 0.0
+        self._ended_arrival_sum = 0.0
 
-    def exceeded(self, now: float) -> bool:
-        self._ends += 1
-        if self._ends % CHECK_EVERY:
+    def ended(self, req: Request, now: float) -> bool:
+        """`req` has ended at `now`: True once some rule is certain to fail."""
+        end = req.blocks[-1].end
+        assert end is not None
+        latency = end - req.arrival
+        bisect.insort(self._latencies, latency)
+        bisect.insort(self._ended_arrivals, req.arrival)
+        self._latency_sum += latency
+        self._ended_arrival_sum += req.arrival
+        if not any(self._may_exceed(rule, now) for rule in self.rules):
             return False
         bounds = latency_bounds(self.requests, now)
         values = {rule.key: rule.bound_ms(bounds) for rule in self.rules}
@@ -80,3 +97,19 @@ class EarlyStop:
             self.bounds = values
             return True
         return False
+
+    def _may_exceed(self, rule: Exceeds, now: float) -> bool:
+        n, limit_s = len(self._arrivals), rule.limit_ms / 1000
+        if rule.stat == "mean":  # the ended latencies, plus now - arrival for the others that arrived
+            arrived = bisect.bisect_right(self._arrivals, now)
+            waiting = arrived - len(self._latencies)
+            waiting_arrivals = self._arrival_sums[arrived] - self._ended_arrival_sum
+            total = self._latency_sum + waiting * now - waiting_arrivals
+            return total / n > limit_s * (1 - 1e-9)
+        # the quantile interpolates between sorted values lo and hi = lo + 1; it can exceed the limit only
+        # if value hi does, i.e. if at least n - hi bounds do (one fewer asked: floats)
+        hi = min(math.floor((n - 1) * QUANTILES[rule.stat] / 100) + 1, n - 1)
+        over = len(self._latencies) - bisect.bisect_right(self._latencies, limit_s)
+        cut = now - limit_s  # a request still running exceeds the limit if it arrived before this
+        over += bisect.bisect_left(self._arrivals, cut) - bisect.bisect_left(self._ended_arrivals, cut)
+        return over >= n - hi - 1

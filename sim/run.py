@@ -71,7 +71,7 @@ def simulate(
     early = EarlyStop(stop, requests) if stop else None
     cluster = Cluster(
         cluster_config, cost, router, log, failures=failures, restart_after_s=restart_after_s,
-        on_request=on_request, stop=early.exceeded if early is not None else None,
+        on_request=on_request, stop=early.ended if early is not None else None,
     )  # fmt: skip
     cluster.run(requests)
     recovery = RecoveryCounts(

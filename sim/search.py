@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,8 +187,12 @@ def search(
         done += len(points)
         for n, (i, rate) in enumerate(todo):
             mine = summaries[n * len(seeds) : (n + 1) * len(seeds)]
-            values = {slo.text: slo.value(mine) for slo in slos}
             stopped = any("stopped_at_s" in s for s in mine)
+            # a stopped probe's end-to-end values are lower bounds; its other metrics cover only the
+            # requests ended by then, so they are not shown
+            values = {
+                slo.text: slo.value(mine) if not stopped or slo.stop_rule(1) else math.nan for slo in slos
+            }
             met = not stopped and all(slo.value(mine) <= slo.limit for slo in slos)
             brackets[i].record(rate, met, values)
     if watch is not None:

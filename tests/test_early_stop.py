@@ -6,6 +6,7 @@ whole runs apart."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,9 +16,10 @@ from hypothesis import strategies as st
 
 from profiles.analytic import AnalyticCostModel
 from sangam.config import RunConfig, synthetic_rows
+from sangam.faults import parse_failures
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.results import request_row, summarize
-from sim.early_stop import STATS, Exceeds, latency_bounds
+from sim.early_stop import STATS, EarlyStop, Exceeds, latency_bounds
 from sim.options import SimOptions
 from sim.run import simulate
 from sim.search import SearchOptions, Slo, parse_slo, search
@@ -56,6 +58,31 @@ def test_every_statistic_of_the_bounds_is_at_most_the_final_one(
     for stat in STATS:
         rule = Exceeds(stat, 0.0)
         assert rule.bound_ms(bounds) <= rule.bound_ms(final) * (1 + 1e-9)
+
+
+@given(LATENCIES, st.sampled_from(STATS), st.floats(1, 60))
+def test_told_of_each_end_it_stops_exactly_when_the_bound_exceeds_the_limit(
+    requests: list[tuple[float, float]], stat: str, limit_s: float
+) -> None:
+    """The quick test between two ends never hides a stop: at every end, `ended` says True exactly
+    when the statistic over every request's bound exceeds the limit."""
+    reqs = [make_request(i, 64, arrival=arrival) for i, (arrival, _) in enumerate(requests)]
+    rule = Exceeds(stat, 1000 * limit_s)
+    watch = EarlyStop([rule], reqs)
+    for req, (arrival, latency) in sorted(zip(reqs, requests, strict=True), key=lambda p: sum(p[1])):
+        now = arrival + latency
+        req.end_block(now)
+        exact = rule.bound_ms(latency_bounds(reqs, now)) > rule.limit_ms
+        assert watch.ended(req, now) == exact
+
+
+def test_a_probe_that_meets_its_slo_looks_at_every_request_only_where_it_might_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looks = []
+    monkeypatch.setattr("sim.early_stop.latency_bounds", lambda reqs, now: looks.append(now) or [])
+    run_point(point("2C", 1.0, stop=(Exceeds("p99", 20_000.0), Exceeds("mean", 20_000.0))))
+    assert looks == []  # 400 ends, none near the limits: never the whole scan
 
 
 def test_an_overloaded_probe_stops_early_and_would_have_failed() -> None:
@@ -133,3 +160,20 @@ def test_summaries_of_a_stopped_run_cover_the_requests_ended_by_then() -> None:
     expected = summarize(done, cfg.model_spec.kv_bytes_per_token)
     assert result.summary["mean_e2el_ms"] == expected["mean_e2el_ms"]
     assert result.summary["completed"] == len(done) < 400
+
+
+def test_a_run_that_may_stop_cannot_also_lose_workers() -> None:
+    cfg = RunConfig(mode="2C", qps=1.0, num_requests=20)
+    cost = AnalyticCostModel(lookup_model(cfg.model), lookup_gpu(cfg.gpu))
+    with pytest.raises(ValueError, match="cannot also lose workers"):
+        simulate(cfg, synthetic_rows(cfg), cost, stop=[Exceeds("p99", 1.0)], failures=parse_failures("1@1"))
+
+
+def test_a_stopped_probe_shows_its_latency_bound_and_no_other_metric() -> None:
+    slos = [parse_slo("p99_e2el_s=20"), parse_slo("mean_queue_s=5")]
+    (answer,) = search([point("1C", 1.0)], slos, [0], in_process, Cache(None), SearchOptions(start_qps=4))
+    stopped = answer.probes[0]  # 4 QPS, twice what 1C serves
+    assert stopped[0] == 4.0 and not stopped[1]
+    assert stopped[2]["p99_e2el_s=20"] > 20_000 and math.isnan(stopped[2]["mean_queue_s=5"])
+    passed = [values for _, ok, values in answer.probes if ok]
+    assert passed and all(not math.isnan(v["mean_queue_s=5"]) for v in passed)

@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
         answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),
                          options, counts, watch)  # fmt: skip
     rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]
-    write(rows, options.out)
+    out = write(rows, options.out)
     print_table(rows, options)
-    print(f"{counts.ran} points run, {counts.cached} from the cache; wrote {options.out}")
+    print(f"{counts.ran} points run, {counts.cached} from the cache; wrote {out}")
     return 0
 
 
@@ -78,14 +78,20 @@ def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write(rows: list[dict[str, Any]], path: Path) -> None:
+def write(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Write the ranking to `path` (.csv or .json; anything else is a directory, given search.csv);
+    the file written."""
+    if path.suffix not in (".csv", ".json"):
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / "search.csv"
     if path.suffix == ".json":
         path.write_text(json.dumps(rows, indent=2) + "\n")
-        return
+        return path
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
+    return path
 
 
 def print_table(rows: list[dict[str, Any]], options: Any) -> None:

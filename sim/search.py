@@ -95,8 +95,10 @@ class SearchOptions:
         default_text="1 per GPU of the configuration",
     )  # fmt: skip
     max_qps: float = option(1024.0, "stop doubling above this rate, requests/s", parse=positive_float)
-    out: Path = option(Path("search.csv"), "write the ranking here (.csv or .json)", parse=Path,
-                       metavar="FILE")  # fmt: skip
+    out: Path = option(
+        Path("search.csv"), "the ranking, .csv or .json (any other path: a directory, for search.csv)",
+        parse=Path, metavar="PATH",
+    )  # fmt: skip
 
 
 @dataclass(slots=True)

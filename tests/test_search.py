@@ -138,3 +138,14 @@ def test_the_first_probe_is_one_qps_per_gpu_unless_given() -> None:
     assert sorted(firsts) == [1.0, 4.0, 8.0]
     given = search(configs, [slo], [0], fake_runner(lambda c: 0.0), Cache(None), SearchOptions(start_qps=3))
     assert [a.probes[0][0] for a in given] == [3.0, 3.0, 3.0]
+
+
+def test_an_out_without_csv_or_json_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "search"
+    assert main(["search", "--layouts", "1C", *SMALL, "--slo", "mean_e2el_s=3", "--granularity", "0.5",
+                 "--out", f"{out}/"]) == 0  # fmt: skip
+    rows = list(csv.DictReader((out / "search.csv").open()))
+    assert [r["layout"] for r in rows] == ["1C"]
+    assert f"wrote {out / 'search.csv'}" in capsys.readouterr().out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -189,7 +190,7 @@ class Batcher(Generic[P]):
                 req.record.decode_worker = self.worker
                 self._ready.append(req)
         if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
-            self.deficit = self.repeated(mb, forwards)[-1].deficit_after
+            self.deficit = self._deficit_after(mb, forwards)
         ended = []
         for req in decodes:  # hot path: inlined rather than a method call per decode
             req.step += forwards
@@ -233,18 +234,34 @@ class Batcher(Generic[P]):
     def repeated(self, mb: Microbatch, forwards: int) -> list[Microbatch]:
         """`mb` and the `forwards - 1` iterations that repeat it (see `run_length`)."""
         out = [mb]
-        fresh = self._tau - mb.decode_tokens
-        for _ in range(forwards - 1):
-            before = out[-1].deficit_after
-            budget = fresh + before
-            if self._run_head is None:
-                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, 0))
-            elif self._run_head[1] and budget >= self._run_head[0]:  # fits the budget, not the pages
-                after = int(max(0, before - max(0, -fresh)))
-                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, after, True))
-            else:
-                out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, int(max(budget, 0))))
+        for before, budget, after, blocked in self._repeats(mb, forwards):
+            out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, after, blocked))
         return out
+
+    def _deficit_after(self, mb: Microbatch, forwards: int) -> int:
+        """The deficit after `forwards` iterations of `mb`: `repeated(mb, forwards)[-1].deficit_after`
+        without the microbatches."""
+        after = mb.deficit_after
+        for repeat in self._repeats(mb, forwards):
+            after = repeat[2]
+        return after
+
+    def _repeats(self, mb: Microbatch, forwards: int) -> Iterator[tuple[int, float, int, bool]]:
+        """The budget arithmetic (deficit before, budget, deficit after, memory-blocked) of the
+        `forwards - 1` iterations that repeat `mb`."""
+        fresh = self._tau - mb.decode_tokens
+        before = mb.deficit_after
+        head = self._run_head
+        for _ in range(forwards - 1):
+            budget = fresh + before
+            if head is None:
+                after, blocked = 0, False
+            elif head[1] and budget >= head[0]:  # fits the budget, not the pages
+                after, blocked = int(max(0, before - max(0, -fresh))), True
+            else:
+                after, blocked = int(max(budget, 0)), False
+            yield before, budget, after, blocked
+            before = after
 
     def _seat_ready(self, now: float) -> None:
         if len(self.decodes) >= self._cap:  # no seat: ready requests wait, the seated tuple stays

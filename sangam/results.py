@@ -78,7 +78,6 @@ def request_row(req: Request) -> dict[str, Any]:
         decode += e
         overflow_blocks += rec.overflow
         kv_transfers += rec.transfer_start is not None
-    parts = dict(zip(PARTS, (prefill_queue, prefill, decode_queue, transfer, decode), strict=True))
     end = req.blocks[-1].end
     assert end is not None
     return {
@@ -91,8 +90,12 @@ def request_row(req: Request) -> dict[str, Any]:
         "forwards": sum(req.steps),
         "end": end,
         "e2el": end - req.arrival,
-        "queue": parts["prefill_queue"] + parts["decode_queue"],
-        **parts,
+        "queue": prefill_queue + decode_queue,
+        "prefill_queue": prefill_queue,  # PARTS, in order
+        "prefill": prefill,
+        "decode_queue": decode_queue,
+        "transfer": transfer,
+        "decode": decode,
         "overflow_blocks": overflow_blocks,
         "kv_transfers": kv_transfers,
     }

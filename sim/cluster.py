@@ -114,13 +114,19 @@ class SimWorker:
         self.alive = True
         _later(self.env, 0, self._resume, URGENT)  # as a process starts
 
-    def wake(self) -> None:
-        """New work for this worker: end an idle wait, or cut a decode stretch short."""
+    def wake(self, last: bool = False) -> None:
+        """New work for this worker: end an idle wait, or cut a decode stretch short. `last`: the
+        caller's event does nothing after this, so where no other event is due now the worker starts
+        here, not in a wake-up event of its own (which would be the next event run)."""
         if not self.alive:
             return
         if self._idle:
             self._idle = False
-            self._schedule(_Call(self._resume), NORMAL, 0)  # type: ignore[arg-type]  # a duck-typed event
+            env = self.env
+            if last and env.peek() > env.now:
+                self._next(env.now)
+            else:
+                self._schedule(_Call(self._resume), NORMAL, 0)  # type: ignore[arg-type]  # a duck-typed event
         elif self._in_run:
             self._in_run = False
             self._cut()
@@ -141,15 +147,14 @@ class SimWorker:
     def _resume(self, _: object) -> None:
         """Started, or woken from idle (`_`: the event)."""
         if self.alive:
-            self._next()
+            self._next(self.env.now)
 
-    def _next(self) -> None:
-        """Form the next microbatch and wait out its time, or wait for work."""
+    def _next(self, start: float) -> None:
+        """Form the next microbatch at `start` (now) and wait out its time, or wait for work."""
         batcher = self.batcher
         if not batcher.has_work:
             self._idle = True
             return
-        start = self.env.now
         mb = batcher.next_microbatch(start)
         step = self._seconds(mb)
         run = batcher.run_length(mb)
@@ -187,7 +192,7 @@ class SimWorker:
         outcome = self.batcher.complete(mb, now, run)
         if outcome.prefilled or outcome.finished:
             cluster.on_iteration(now, self.id, outcome)
-        self._next()
+        self._next(now)
 
 
 class Cluster:
@@ -329,7 +334,7 @@ class Cluster:
             del self._controlled[action.req.id]
         target = self.workers[action.worker]
         target.batcher.add_prefill(action.req)
-        target.wake()
+        target.wake(last=event is not None)
 
     def _transfer(self, action: Transfer) -> None:
         """Reserve the pages on the destination now; the link carries one transfer at a time."""

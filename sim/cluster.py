@@ -21,7 +21,7 @@ flight, that a loss or a drop overtook is void when it would land.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -255,19 +255,31 @@ class Cluster:
         """Simulate until every request has finished; the simulated end time."""
         self._blocks_left = sum(req.n_blocks for req in requests)
         if requests:
-            self.env.process(self._arrivals(requests))
+            order = sorted(requests, key=lambda r: (r.arrival, r.id))
+            _later(self.env, 0, partial(self._arrivals, order, 0, True), URGENT)  # as a process starts
             for failure in self.failures:
                 self.env.timeout(failure.at).callbacks.append(partial(self._lose, failure.worker))
             self.env.run(until=self._all_done)
         return self.env.now
 
-    def _arrivals(self, requests: Sequence[Request]) -> Generator[simpy.Event, Any, None]:
-        for req in sorted(requests, key=lambda r: (r.arrival, r.id)):
-            if req.arrival > self.env.now:
-                yield self.env.timeout(req.arrival - self.env.now)
-            self._apply(self.router.on_arrival(self.env.now, req))
+    def _arrivals(self, order: list[Request], i: int, start: bool, _: object) -> None:
+        """`order[i]` arrives now, then those after it due by now; an event waits for the next (`start`:
+        the first call, before which nothing waited; `_`: the event). A chain of events, not a process:
+        the same events at the same instants (the time waited is the arrival minus now)."""
+        now = self.env.now
+        if start and order[i].arrival > now:
+            _later(self.env, order[i].arrival - now, partial(self._arrivals, order, i, False))
+            return
+        while True:
+            self._apply(self.router.on_arrival(now, order[i]))
             if not self.router.can_serve and not self._restarts:  # and no lost worker comes back
-                self._apply(self.router.give_up(self.env.now, f"{self.router.missing} and none comes back"))
+                self._apply(self.router.give_up(now, f"{self.router.missing} and none comes back"))
+            i += 1
+            if i == len(order):
+                return
+            if order[i].arrival > now:
+                _later(self.env, order[i].arrival - now, partial(self._arrivals, order, i, False))
+                return
 
     def on_iteration(self, now: float, worker: int, outcome: Outcome) -> None:
         """Tell the router; stop the clock once the last block has ended."""

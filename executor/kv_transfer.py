@@ -32,7 +32,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -241,20 +241,23 @@ class PairLink:
         options._timeout = timeout
         return nccl(prefix, self.rank, 2, options)
 
-    def handshake(self, tag: int, deadline: float) -> None:
+    def handshake(self, tag: int, deadline: float, dropped: Callable[[], bool] = lambda: False) -> None:
         """Agree with the peer, through the store, that both ends post transfer `tag` now.
 
         Each end marks itself ready and polls for the peer until `deadline`; then it proposes "go" (the
         peer is there) or "abort" (it is not) with one atomic compare-and-set, and both ends follow the
         value that won. So an end that comes too late finds "abort" and neither end posts an operation that
         could never complete: a late peer costs one transfer, not the link (a gloo timeout closes the
-        pair's connection; an unmatched NCCL send never finishes).
+        pair's connection; an unmatched NCCL send never finishes). An end whose transfer is `dropped`
+        meanwhile (its peer was lost) stops waiting and proposes "abort" at once.
         """
         key = f"{STORE_PREFIX}/{self.src}-{self.dst}/{self.generation}/t{tag}"
         self.store.set(f"{key}/r{self.rank}", "1")
         peer_key = f"{key}/r{1 - self.rank}"
         pause, started = 0.0001, time.monotonic()
         while not (present := self.store.check([peer_key])) and (now := time.monotonic()) < deadline:
+            if dropped():
+                break
             time.sleep(pause)  # polls (not the store's wait, whose timeout would leave a reply in flight)
             pause = min(2 * pause, 0.001 if now - started < 0.1 else 0.01)
         decided = self.store.compare_set(f"{key}/go", "", "go" if present else "abort")
@@ -270,6 +273,8 @@ class PairLink:
                 raise TransferError(
                     f"worker {me} reached the transfer after worker {self.peer} gave up ({wait})"
                 )
+            if dropped():
+                raise TransferError(f"dropped while worker {me} waited for worker {self.peer}")
             raise TransferError(f"worker {self.peer} was not ready for the transfer within {wait}")
 
     def send(self, buf: Tensor, tag: int, deadline: float) -> None:
@@ -339,6 +344,7 @@ class TransferJob:
     tag: int
     generation: int
     pages: tuple[int, ...]  # this worker's page ids holding (or receiving) the request's KV
+    dropped: threading.Event = field(default_factory=threading.Event, compare=False)  # set: stop waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +433,7 @@ class LinkThread:
                     time.sleep(stall)
                 buf = self.packer.buffer(len(job.pages))
                 deadline = time.monotonic() + self.link.config.timeout_s
-                self.link.handshake(job.tag, deadline)
+                self.link.handshake(job.tag, deadline, job.dropped.is_set)
                 self.link.recv(buf, job.tag, deadline)
                 self.packer.unpack(job.pages, buf)
         except TransferError as err:

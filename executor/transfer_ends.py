@@ -5,6 +5,7 @@ packs those pages for the peer. A RECEIVE allocates pages here for a block the s
 carries, receives into them, and the block then joins the Batcher's decodes. Each end's result is
 emitted as a `TransferEvent` into the worker's report stream (`Engine.emit`). A block dropped while its
 KV is being received keeps its pages until the receive ends: the link thread writes into them till then.
+A receive still waiting for its peer (a lost worker never comes) is told to stop waiting.
 
 Everything here changes the engine's jobs, batcher and pool, so it runs under `Engine.lock` (from the
 gRPC threads that carry orders and the link threads that finish transfers).
@@ -35,6 +36,7 @@ class TransferEnds:
         self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
         self.receiving: dict[tuple[int, int], int] = {}  # (transfer id, attempt) -> local id of the KV
         self.cancelled: set[int] = set()  # local ids dropped while their KV is being received
+        self.receive_jobs: dict[int, TransferJob] = {}  # local id -> its receive in flight
 
     def keep(self, request_id: int, block: int, local: int) -> None:
         """A prefilled block handed off: its KV stays here until the scheduler's RELEASE."""
@@ -45,6 +47,8 @@ class TransferEnds:
         receive ends), else True (the caller frees them now)."""
         if local in self.receiving.values():
             self.cancelled.add(local)
+            if (receive := self.receive_jobs.get(local)) is not None:
+                receive.dropped.set()  # still waiting for its peer: it stops
             return False
         for key in [k for k, v in self.handed.items() if v == local]:
             del self.handed[key]
@@ -79,6 +83,7 @@ class TransferEnds:
         )  # fmt: skip
         if not result.send:
             local = self.receiving.pop((job.transfer_id, job.attempt))
+            self.receive_jobs.pop(local, None)
             if local in self.cancelled:  # dropped meanwhile: its pages are free to reuse now
                 self.cancelled.discard(local)
                 self.engine.free(local)
@@ -120,11 +125,13 @@ class TransferEnds:
         pages = tuple(pool.allocate(job.req.id, order.pages))
         engine.jobs[job.req.id] = job
         self.receiving[order.transfer_id, order.attempt] = job.req.id
+        self.receive_jobs[job.req.id] = receive = _transfer_job(order, pages)
         try:
-            self.links.receive(order.peer, _transfer_job(order, pages))
+            self.links.receive(order.peer, receive)
         except TransferError:
             engine.free(job.req.id)
             del self.receiving[order.transfer_id, order.attempt]
+            del self.receive_jobs[job.req.id]
             raise
 
     def _release(self, order: TransferOrder) -> TransferEvent:

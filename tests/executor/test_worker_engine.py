@@ -123,11 +123,11 @@ def test_a_drop_frees_kv_kept_for_a_transfer_and_a_receiving_block_once_its_rece
     pages = tuple(destination.batcher.pool.allocate(job.req.id, pages_for(20 + BLOCK)))
     destination.jobs[job.req.id] = job
     destination.ends.receiving[3, 1] = job.req.id
+    receive = destination.ends.receive_jobs[job.req.id] = TransferJob(3, 1, 9, 0, 0, pages)
     assert destination.drop(9, before=2) == 1
     assert destination.batcher.pool.num_free == 16 - len(pages)  # the link thread still writes into them
+    assert receive.dropped.is_set()  # a receive still waiting for its peer stops waiting
     end = time.monotonic()
-    destination.transfer_done(
-        TransferResult(False, TransferJob(3, 1, 9, 0, 0, pages), 1, True, "", end, end, 0)
-    )
+    destination.transfer_done(TransferResult(False, receive, 1, True, "", end, end, 0))
     assert destination.batcher.pool.num_free == 16 and not destination.jobs
     assert not destination.batcher.has_work and events[0].ok  # the event still goes out (stale there)

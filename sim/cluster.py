@@ -73,13 +73,13 @@ class ClusterConfig:
 class _Call:
     """The least an event on SimPy's queue needs (what `Environment.step` reads: its callbacks, and that
     it succeeded): scheduled by `_later`, it calls its callback at its time. The simulator schedules a
-    few hundred thousand per run; a full `simpy.Timeout` costs more to build than its use here."""
+    few hundred thousand per run; a full `simpy.Timeout` costs more to build than its use here. Built
+    bare and given its callback after (`_Call()`, then `callbacks = [callback]`): an `__init__` of its
+    own would add a Python call to every event."""
 
     __slots__ = ("callbacks",)
     _ok = True
-
-    def __init__(self, callback: Callable[[Any], None]) -> None:
-        self.callbacks: list[Callable[[Any], None]] | None = [callback]
+    callbacks: list[Callable[[Any], None]] | None
 
 
 def _later(
@@ -87,7 +87,8 @@ def _later(
 ) -> _Call:
     """`callback(event)` `delay` from now, after the events already due then (URGENT: before the
     ordinary ones, as SimPy's process starts and interrupts are); the event."""
-    event = _Call(callback)
+    event = _Call()
+    event.callbacks = [callback]
     env.schedule(event, priority, delay)  # type: ignore[arg-type]  # a duck-typed event
     return event
 
@@ -126,7 +127,7 @@ class SimWorker:
             if last and env.peek() > env.now:
                 self._next(env.now)
             else:
-                self._schedule(_Call(self._resume), NORMAL, 0)  # type: ignore[arg-type]  # a duck-typed event
+                _later(env, 0, self._resume)
         elif self._in_run:
             self._in_run = False
             self._cut()
@@ -160,7 +161,8 @@ class SimWorker:
         run = batcher.run_length(mb)
         self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
         self._flight = (start, step, mb, run)
-        self._until = until = _Call(self._landed)
+        self._until = until = _Call()
+        until.callbacks = [self._landed]
         self._schedule(until, NORMAL, run * step)  # type: ignore[arg-type]  # a duck-typed event
 
     def _cut(self) -> None:
@@ -173,7 +175,8 @@ class SimWorker:
         run = min(run, max(1, math.ceil((now - start) / step)))
         self._flight = (start, step, mb, run)
         # work that arrives on a boundary: start + run * step can round a few ulps below now
-        self._until = until = _Call(self._landed)
+        self._until = until = _Call()
+        until.callbacks = [self._landed]
         self._schedule(until, NORMAL, max(0.0, start + run * step - now))  # type: ignore[arg-type]
 
     def _landed(self, event: object) -> None:

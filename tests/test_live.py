@@ -261,6 +261,8 @@ def test_no_process_outlives_the_launcher(tmp_path: Path, case: str, workers: in
         stderr=subprocess.PIPE,
         text=True,
         env=subprocess_env(),
+        # a suite run as a background job inherits SIGINT ignored, and Python then keeps ignoring it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _read_until(launcher.stdout if serve else launcher.stderr, "serving" if serve else "replaying", 60)

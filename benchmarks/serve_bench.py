@@ -208,18 +208,7 @@ def run_serve(
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"serve_bench: sangam serve exited with status {server.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("serve_bench: sangam serve did not get ready")
-            time.sleep(0.2)
+        wait_healthy(server, url, STARTUP_S, "serve_bench")
         started = time.perf_counter()
         sent = asyncio.run(drive(url, rows, args))
         wall = time.perf_counter() - started
@@ -305,6 +294,23 @@ def result(
         "median_e2el_vs_live_ms": percentile(e2el, 50) - live["median_e2el_ms"],
         "extra_args": args.extra,
     }
+
+
+def wait_healthy(server: subprocess.Popen[bytes], url: str, timeout: float, name: str) -> None:
+    """Until `sangam serve` at `url` answers /health with 200; SystemExit (naming `name`) if it exits
+    first or takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"{name}: sangam serve exited with status {server.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: sangam serve did not get ready")
+        time.sleep(0.2)
 
 
 def main() -> None:

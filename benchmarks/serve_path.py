@@ -37,9 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from benchmarks.http_stream import Client
+from benchmarks.serve_bench import wait_healthy
 from executor.client import AsyncSangamClient
 from executor.messages import Submission
 from executor.ports import free_port
@@ -134,18 +133,7 @@ def main() -> None:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"serve_path: sangam serve exited with status {server.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("serve_path: sangam serve did not get ready")
-            time.sleep(0.2)
+        wait_healthy(server, url, STARTUP_S, "serve_path")
         address = json.loads((logs / "scheduler.json").read_text())["address"]
         load_before, cpu_before = os.getloadavg()[0], cpu_seconds(server.pid)
         runs = asyncio.run(drive(url, address, args.requests))

@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),
                          options, counts, watch)  # fmt: skip
     rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]
+    print_table(rows, options)  # first: a path that cannot be written loses nothing printed
     out = write(rows, options.out)
-    print_table(rows, options)
     print(f"{counts.ran} points run, {counts.cached} from the cache; wrote {out}")
     return 0
 
@@ -79,11 +79,11 @@ def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
 
 
 def write(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Write the ranking to `path` (.csv or .json; anything else is a directory, given search.csv);
-    the file written."""
+    """Write the ranking to `path` (.csv or .json; anything else is a directory, given search.csv),
+    making its directories; the file written."""
     if path.suffix not in (".csv", ".json"):
-        path.mkdir(parents=True, exist_ok=True)
         path = path / "search.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
         path.write_text(json.dumps(rows, indent=2) + "\n")
         return path

@@ -149,3 +149,7 @@ def test_an_out_without_csv_or_json_is_a_directory(
     rows = list(csv.DictReader((out / "search.csv").open()))
     assert [r["layout"] for r in rows] == ["1C"]
     assert f"wrote {out / 'search.csv'}" in capsys.readouterr().out
+    nested = tmp_path / "a" / "b" / "ranking.json"  # a file's missing directories are made
+    assert main(["search", "--layouts", "1C", *SMALL, "--slo", "mean_e2el_s=3", "--granularity", "0.5",
+                 "--out", str(nested)]) == 0  # fmt: skip
+    assert json.loads(nested.read_text())[0]["layout"] == "1C"

@@ -47,6 +47,7 @@ from sangam.hardware import BLOCK
 
 STARTUP_S = 300.0
 PROMPT = tuple(range(1, 201))  # 200 ids below the tiny models' EOS and mask ids
+PAUSE_S = 0.05  # after every request, so that neither path starts on a machine still busy with the other
 
 
 async def one_http(http: Client, grpc: AsyncSangamClient) -> dict[str, float]:
@@ -92,11 +93,13 @@ async def drive(url: str, address: str, requests: int) -> dict[str, list[dict[st
     runs: dict[str, list[dict[str, float]]] = {"http": [], "grpc": []}
     try:
         for i in range(requests + 2):  # the first two of each warm the connections up
-            h, g = await one_http(http, grpc), await one_grpc(grpc)
+            h = await one_http(http, grpc)
+            await asyncio.sleep(PAUSE_S)
+            g = await one_grpc(grpc)
+            await asyncio.sleep(PAUSE_S)
             if i >= 2:
                 runs["http"].append(h)
                 runs["grpc"].append(g)
-            await asyncio.sleep(0.05)
     finally:
         http.close()
         await grpc.close()

@@ -135,6 +135,24 @@ def test_bad_inputs_get_400_with_openai_error_json(fake: tuple[str, FakeBackend]
     assert fits.status_code == 200, fits.text
 
 
+def test_a_body_that_is_not_a_request_gets_400(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    cases = {
+        b'{"prompt": "x", ': "Invalid JSON",
+        b"[1, 2]": "Input should be an object",
+        b"\xff\xfe": "Invalid JSON",
+        b"": "Invalid JSON",
+        b'{"prompt": "x", "max_tokens": "many"}': "max_tokens: Input should be a valid integer",
+    }
+    for body, needle in cases.items():
+        response = httpx.post(url + "/v1/completions", content=body, timeout=10)
+        assert response.status_code == 400, (body, response.text)
+        assert needle in error_of(response), (body, error_of(response))
+    assert len(backend.submitted) == before
+    assert post(url, "/v1/completions", {"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
 def test_the_openai_client_raises_bad_request(fake: tuple[str, FakeBackend]) -> None:
     url, _ = fake
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

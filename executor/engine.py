@@ -178,7 +178,7 @@ class Engine:
         with self.lock:  # the start is read under the lock: a block a link thread adds meanwhile is in `mb`
             start = time.monotonic()
             mb = self.batcher.next_microbatch(start)
-            if mb.empty:
+            if mb is None or mb.empty:
                 return None
             decodes = [self.jobs[r.id] for r in mb.decodes]
             prefills = [self.jobs[r.id] for r in mb.prefills]

@@ -63,6 +63,7 @@ class Microbatch:
     budget: float  # tau - 32 * decodes + deficit_before
     deficit_after: int
     memory_blocked: bool = False
+    repeats: int = 1  # iterations, this one first, that run the same decodes if no new work arrives
 
     @property
     def decode_tokens(self) -> int:
@@ -158,84 +159,70 @@ class Batcher(Generic[P]):
             self.pool.release(req.id)
         self._dropped.add(req.id)
 
-    def next_microbatch(self, now: float) -> Microbatch:
-        """Form this iteration's microbatch at time `now`."""
+    def next_microbatch(self, now: float) -> Microbatch | None:
+        """Form this iteration's microbatch at time `now`; None, changing nothing, if there is no work.
+
+        Its `repeats`: a decode-only microbatch stays unchanged until one of its blocks ends or the
+        head prefill fits the growing budget, only the budget arithmetic moving on, so a driver may
+        run that many iterations as one step (`complete(mb, now, forwards)`), cut short when work
+        arrives. A microbatch with prefills, or an empty one, has `repeats` 1."""
         if self._dropped:
             self._dropped.clear()
         if self._ready:
             self._seat_ready(now)
-        if self._waiting and not (self._one_only and self.decodes):
+        decodes = self.decodes
+        if self._waiting and not (self._one_only and decodes):
             return self._admit(now)
+        if not decodes:
+            return None
+        self._run_head = None  # nothing can be admitted while these decodes run
         before, self.deficit = self.deficit, 0  # decodes only: the deficit is cleared
-        budget = self._tau - BLOCK * len(self.decodes) + before
-        return Microbatch(self.decodes, (), len(self._waiting), before, budget, 0)
+        budget = self._tau - BLOCK * len(decodes) + before
+        return Microbatch(decodes, (), len(self._waiting), before, budget, 0, False, _forwards_left(decodes))
 
     def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
-        """Apply `forwards` iterations of `mb` (more than one only within `run_length(mb)`),
-        the last ending at `now`."""
+        """Apply `forwards` iterations of `mb` (more than one only within `mb.repeats`), the last
+        ending at `now`."""
         prefills, decodes = mb.prefills, mb.decodes
         if self._dropped:  # dropped while in flight: their work is lost
             prefills = tuple(r for r in prefills if r.id not in self._dropped)
             decodes = tuple(r for r in decodes if r.id not in self._dropped)
-        handoffs: list[Request] = []
         finished: list[Request] = []
-        for req in prefills:
-            req.record.prefill_end = now
-            req.step = 1
-            if req.steps[req.block] == 1:
-                self._end_block(req, now, finished)
-            elif self.hand_off:
-                handoffs.append(req)
-            else:
-                req.record.decode_worker = self.worker
-                self._ready.append(req)
+        handoffs: tuple[Request, ...] = ()
+        if prefills:
+            if self.hand_off:
+                handoffs = tuple(r for r in prefills if r.steps[r.block] > 1)
+            for req in prefills:
+                req.record.prefill_end = now
+                req.step = 1
+                if req.steps[req.block] == 1:
+                    finished.append(req)
+                elif not self.hand_off:
+                    req.record.decode_worker = self.worker
+                    self._ready.append(req)
         if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
             self.deficit = self._deficit_after(mb, forwards)
-        ended = []
+        ended = False
         for req in decodes:  # hot path: inlined rather than a method call per decode
             req.step += forwards
             if req.step >= req.steps[req.block]:
-                ended.append(req)
+                finished.append(req)
+                ended = True
+        if not finished:
+            return Outcome(prefills, handoffs, ()) if prefills else NOTHING_DONE
         if ended:
-            seated = list(self.decodes)
-            for req in ended:
-                seated.remove(req)
-                self._end_block(req, now, finished)
-            self.decodes = tuple(seated)
-        if not prefills and not finished:
-            return NOTHING_DONE
-        return Outcome(prefills, tuple(handoffs), tuple(finished))
-
-    def run_length(self, mb: Microbatch) -> int:
-        """Iterations, `mb` first, that run the same decodes if no new work arrives.
-
-        A decode-only microbatch stays unchanged until one of its blocks ends or the head
-        prefill fits the growing budget; only the budget arithmetic moves on. A driver may
-        run such a stretch as one step and cut it short when work arrives.
-        """
-        self._run_head = None
-        if mb.prefills or not mb.decodes:
-            return 1
-        bound = BLOCK  # forwards left in the block nearest its end (a block needs at most BLOCK)
-        for req in mb.decodes:
-            left = req.steps[req.block] - req.step
-            if left < bound:
-                bound = left
-        if not self._waiting or self._one_only:
-            return bound  # nothing can be admitted while these decodes run
-        head = self._waiting[0][2]
-        self._run_head = (head.seq_len, not self.pool.can_allocate(head.pages))
-        fresh = self._tau - mb.decode_tokens
-        if self._run_head[1] or fresh <= 0:
-            return bound  # pages free only when a block ends; or the budget never grows
-        # budget of repeat i is deficit_after + i * fresh; the head gets in at the first >= S
-        return min(bound, -(-(head.seq_len - mb.deficit_after) // int(fresh)))
+            self.decodes = tuple([r for r in self.decodes if r.step < r.steps[r.block]])
+        release = self.pool.release
+        for req in finished:  # the block ends; its pages are free (docs/design.md section 1)
+            release(req.id)
+            req.end_block(now)
+        return Outcome(prefills, handoffs, tuple(finished))
 
     def repeated(self, mb: Microbatch, forwards: int) -> list[Microbatch]:
-        """`mb` and the `forwards - 1` iterations that repeat it (see `run_length`)."""
+        """`mb` and the `forwards - 1` iterations that repeat it (see `Microbatch.repeats`)."""
         out = [mb]
-        for before, budget, after, blocked in self._repeats(mb, forwards):
-            out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, after, blocked))
+        for i, (before, budget, after, blocked) in enumerate(self._repeats(mb, forwards), 1):
+            out.append(Microbatch(mb.decodes, (), mb.waiting, before, budget, after, blocked, mb.repeats - i))
         return out
 
     def _deficit_after(self, mb: Microbatch, forwards: int) -> int:
@@ -295,13 +282,29 @@ class Batcher(Generic[P]):
             admitted.append(req)
             spent += req.seq_len
         if blocked:
-            self.deficit = int(max(0, before - max(0, spent - fresh)))
+            deficit = self.deficit = int(max(0, before - max(0, spent - fresh)))
         else:
             left = budget - spent
-            self.deficit = int(left) if left > 0 and self._finite else 0
-        return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, self.deficit, blocked)
+            deficit = self.deficit = int(left) if left > 0 and self._finite else 0
+        if admitted or not decodes:
+            self._run_head = None
+            return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, deficit, blocked)
+        # decodes only, the head prefill waiting: the run lasts until it fits the budget and the pages
+        repeats = _forwards_left(decodes)
+        head = waiting[0][2]
+        lacks_pages = blocked or not pool.can_allocate(head.pages)
+        self._run_head = (head.seq_len, lacks_pages)
+        if not lacks_pages and fresh > 0:  # else pages free only when a block ends; or the budget never grows
+            # the budget of repeat i is deficit + i * fresh; the head gets in at the first >= S
+            repeats = min(repeats, -(-(head.seq_len - deficit) // int(fresh)))
+        return Microbatch(decodes, (), num_waiting, before, budget, deficit, blocked, repeats)
 
-    def _end_block(self, req: Request, now: float, finished: list[Request]) -> None:
-        self.pool.release(req.id)
-        req.end_block(now)
-        finished.append(req)
+
+def _forwards_left(decodes: tuple[Request, ...]) -> int:
+    """Forwards left in the block nearest its end (a block needs at most BLOCK)."""
+    bound = BLOCK
+    for req in decodes:
+        left = req.steps[req.block] - req.step
+        if left < bound:
+            bound = left
+    return bound

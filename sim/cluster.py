@@ -3,7 +3,7 @@
 Workers form microbatches with `sangam.batcher.Batcher`, spend the cost model's time,
 apply the outcome and tell `sangam.router.Router`, whose actions the cluster carries out.
 A decode-only microbatch that would repeat unchanged (until a block ends or the head
-prefill fits the growing budget: `Batcher.run_length`) runs as one timeout; a dispatch or an
+prefill fits the growing budget: `Microbatch.repeats`) runs as one timeout; a dispatch or an
 arriving decode cuts that stretch short at the end of the iteration in flight, so the
 result is the same as stepping every iteration.
 
@@ -29,7 +29,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL, URGENT, EventPriority
 
-from sangam.batcher import BatchConfig, Batcher, Microbatch, Outcome
+from sangam.batcher import NOTHING_DONE, BatchConfig, Batcher, Microbatch, Outcome
 from sangam.cost import CostModel
 from sangam.faults import Failure
 from sangam.kv import PageTally
@@ -101,6 +101,11 @@ class SimWorker:
     event, an idle wake-up, a timeout per microbatch; a decode stretch is cut where the process took an
     interrupt), without a generator resumed or an exception thrown per event."""
 
+    __slots__ = (
+        "_end", "_idle", "_in_run", "_landed_call", "_mb", "_run", "_schedule", "_seconds", "_start",
+        "_step", "_until", "alive", "batcher", "cluster", "env", "id",
+    )  # fmt: skip
+
     def __init__(self, cluster: Cluster, worker: int, batcher: Batcher) -> None:
         self.cluster = cluster
         self.env = cluster.env
@@ -108,8 +113,13 @@ class SimWorker:
         self.batcher = batcher
         self._idle = False  # waiting for work
         self._in_run = False  # inside a multi-iteration decode stretch
-        self._flight: tuple[float, float, Microbatch, int] | None = None  # start, step, microbatch, run
-        self._until: _Call | None = None  # the event that ends the microbatch in flight
+        # the microbatch in flight (None: none): its start, the time of one iteration, its iterations,
+        # the instant the last ends, and the event then (a cut replaces it: the one replaced is void)
+        self._mb: Microbatch | None = None
+        self._start = self._step = self._end = 0.0
+        self._run = 0
+        self._until: _Call | None = None
+        self._landed_call = self._landed
         self._seconds = cluster.cost.seconds
         self._schedule = self.env.schedule
         self.alive = True
@@ -136,9 +146,10 @@ class SimWorker:
         """The worker is lost: it stops where it is, and the iteration in flight with it. Iterations
         of a decode stretch that ended before it still count (no block ends inside one)."""
         self.alive = False
-        if self._flight is not None:
-            start, step, mb, run = self._flight
-            done = min(run - 1, int((self.env.now - start) / step))
+        mb = self._mb
+        if mb is not None:
+            start, step = self._start, self._step
+            done = min(self._run - 1, int((self.env.now - start) / step))
             if done > 0:
                 self.batcher.complete(mb, start + done * step, done)
                 self.cluster.iterations += done
@@ -152,48 +163,46 @@ class SimWorker:
 
     def _next(self, start: float) -> None:
         """Form the next microbatch at `start` (now) and wait out its time, or wait for work."""
-        batcher = self.batcher
-        if not batcher.has_work:
+        mb = self._mb = self.batcher.next_microbatch(start)
+        if mb is None:
             self._idle = True
             return
-        mb = batcher.next_microbatch(start)
-        step = self._seconds(mb)
-        run = batcher.run_length(mb)
+        self._start = start
+        self._step = step = self._seconds(mb)
+        self._run = run = mb.repeats
         self._in_run = run > 1  # a stretch of `run` iterations, cut short if new work arrives
-        self._flight = (start, step, mb, run)
         self._until = until = _Call()
-        until.callbacks = [self._landed]
-        self._schedule(until, NORMAL, run * step)  # type: ignore[arg-type]  # a duck-typed event
+        until.callbacks = [self._landed_call]
+        delay = run * step
+        self._end = start + delay  # as SimPy sums it: the instant the event is due
+        self._schedule(until, NORMAL, delay)  # type: ignore[arg-type]  # a duck-typed event
 
     def _cut(self) -> None:
         """`wake` during a decode stretch: stop after the iteration in flight. (Done at once: the
         process this replaces was interrupted by an urgent event at the same instant, which nothing
         else could run before.)"""
-        assert self._flight is not None
-        start, step, mb, run = self._flight
-        now = self.env.now
-        run = min(run, max(1, math.ceil((now - start) / step)))
-        self._flight = (start, step, mb, run)
+        start, step, now = self._start, self._step, self.env.now
+        self._run = run = min(self._run, max(1, math.ceil((now - start) / step)))
         # work that arrives on a boundary: start + run * step can round a few ulps below now
+        delay = max(0.0, start + run * step - now)
+        self._end = now + delay
         self._until = until = _Call()
-        until.callbacks = [self._landed]
-        self._schedule(until, NORMAL, max(0.0, start + run * step - now))  # type: ignore[arg-type]
+        until.callbacks = [self._landed_call]
+        self._schedule(until, NORMAL, delay)  # type: ignore[arg-type]  # a duck-typed event
 
     def _landed(self, event: object) -> None:
         """The microbatch in flight ended (`event`: its timeout; one a cut replaced is void)."""
         if event is not self._until or not self.alive:
             return
         self._in_run = False
-        assert self._flight is not None
-        start, step, mb, run = self._flight
-        self._flight = None
+        mb, run, now = self._mb, self._run, self._end
+        assert mb is not None
         cluster = self.cluster
         cluster.iterations += run
         if cluster.log is not None:
-            cluster.log_iterations(self.id, start, step, self.batcher.repeated(mb, run))
-        now = self.env.now
+            cluster.log_iterations(self.id, self._start, self._step, self.batcher.repeated(mb, run))
         outcome = self.batcher.complete(mb, now, run)
-        if outcome.prefilled or outcome.finished:
+        if outcome is not NOTHING_DONE:
             cluster.on_iteration(now, self.id, outcome)
         self._next(now)
 

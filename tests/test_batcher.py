@@ -178,7 +178,7 @@ def seated(batcher_steps: list[tuple[int, ...]], budget: int = 1024, pages: int 
 
 def test_a_run_lasts_until_the_first_block_ends() -> None:
     batcher, mb = seated([(5,), (3,), (9,)])
-    assert batcher.run_length(mb) == 2  # 2 forwards left on request 1
+    assert mb.repeats == 2  # 2 forwards left on request 1
     out = batcher.complete(mb, 2.0, forwards=2)
     assert [r.id for r in out.finished] == [1]
 
@@ -188,7 +188,7 @@ def test_a_run_stops_when_the_head_prefill_fits_the_growing_budget() -> None:
     batcher.add_prefill(make_request(99, 2000, arrival=5.0))
     mb = batcher.next_microbatch(1.0)
     assert mb.prefills == () and mb.deficit_after == 768
-    assert batcher.run_length(mb) == 2  # the third iteration has 2304 >= 2000: admitted
+    assert mb.repeats == 2  # the third iteration has 2304 >= 2000: admitted
     assert [r.deficit_after for r in batcher.repeated(mb, 2)] == [768, 1536]
     batcher.complete(mb, 2.0, forwards=2)
     assert batcher.deficit == 1536
@@ -200,7 +200,7 @@ def test_a_run_under_a_memory_stall_banks_no_budget() -> None:
     batcher.add_prefill(make_request(99, 16 * 5, arrival=5.0))  # 5 pages: no room until a block ends
     mb = batcher.next_microbatch(1.0)
     assert mb.memory_blocked and mb.deficit_after == 0
-    assert batcher.run_length(mb) == 5
+    assert mb.repeats == 5
     reps = batcher.repeated(mb, 5)[1:]
     assert all(r.memory_blocked and r.deficit_after == 0 for r in reps)
 
@@ -208,4 +208,4 @@ def test_a_run_under_a_memory_stall_banks_no_budget() -> None:
 def test_a_microbatch_with_prefills_never_repeats() -> None:
     batcher = make_batcher()
     batcher.add_prefill(make_request(1, 100, steps=(5,)))
-    assert batcher.run_length(batcher.next_microbatch(0.0)) == 1
+    assert batcher.next_microbatch(0.0).repeats == 1

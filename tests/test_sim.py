@@ -343,7 +343,13 @@ def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: p
     cost = LinearCost(0.004, 1e-5)
     stretched = clone(base)
     run_cluster(stretched, mode, cost=cost, theta=2000)
-    monkeypatch.setattr(Batcher, "run_length", lambda self, mb: 1)
+    formed = Batcher.next_microbatch
+
+    def one_at_a_time(self: Batcher, now: float) -> Microbatch | None:
+        mb = formed(self, now)
+        return None if mb is None else dataclasses.replace(mb, repeats=1)
+
+    monkeypatch.setattr(Batcher, "next_microbatch", one_at_a_time)
     stepped = clone(base)
     run_cluster(stepped, mode, cost=cost, theta=2000)
     for a, b in zip(timeline(stretched), timeline(stepped), strict=True):

@@ -118,7 +118,8 @@ class MeasuredCostModel:
         for req in prefills:
             tokens += req.seq_len
             squares += req.seq_len * req.seq_len
-        seconds = c.overhead + c.per_item * (n_decodes + len(prefills)) + c.per_token * max(tokens, c.knee)
+        linear = c.knee if c.knee > tokens else tokens  # max(tokens, knee) without a builtin's call
+        seconds = c.overhead + c.per_item * (n_decodes + len(prefills)) + c.per_token * linear
         if prefills:
             seconds += c.per_mixed_decode * n_decodes
         return seconds + (c.per_square * squares + c.per_context * context)

@@ -165,20 +165,64 @@ class Batcher(Generic[P]):
         Its `repeats`: a decode-only microbatch stays unchanged until one of its blocks ends or the
         head prefill fits the growing budget, only the budget arithmetic moving on, so a driver may
         run that many iterations as one step (`complete(mb, now, forwards)`), cut short when work
-        arrives. A microbatch with prefills, or an empty one, has `repeats` 1."""
+        arrives. A microbatch with prefills, or an empty one, has `repeats` 1. (One method, not three:
+        the simulator calls it for every microbatch.)"""
         if self._dropped:
             self._dropped.clear()
         if self._ready:
             self._seat_ready(now)
-        decodes = self.decodes
-        if self._waiting and not (self._one_only and decodes):
-            return self._admit(now)
-        if not decodes:
-            return None
-        self._run_head = None  # nothing can be admitted while these decodes run
-        before, self.deficit = self.deficit, 0  # decodes only: the deficit is cleared
-        budget = self._tau - BLOCK * len(decodes) + before
-        return Microbatch(decodes, (), len(self._waiting), before, budget, 0, False, _forwards_left(decodes))
+        decodes, waiting = self.decodes, self._waiting
+        fresh = self._tau - BLOCK * len(decodes)
+        before = self.deficit
+        budget = fresh + before
+        num_waiting = len(waiting)
+        blocked = False
+        if not waiting or (self._one_only and decodes):
+            if not decodes:
+                return None
+            deficit = self.deficit = 0  # decodes only: the deficit is cleared
+            self._run_head = None  # nothing can be admitted while these decodes run
+        else:
+            pool = self.pool
+            admitted: list[Request] = []
+            spent = 0
+            while waiting and not (self._one_only and admitted):
+                req = waiting[0][2]
+                # (an empty microbatch takes the head whatever its size: the idle rule)
+                if spent + req.seq_len > budget and (decodes or admitted):
+                    break
+                if not pool.can_allocate(req.pages):
+                    blocked = True
+                    break
+                heapq.heappop(waiting)
+                pool.allocate(req.id, req.pages)
+                req.record.prefill_start = now
+                admitted.append(req)
+                spent += req.seq_len
+            if blocked:
+                deficit = self.deficit = int(max(0, before - max(0, spent - fresh)))
+            else:
+                left = budget - spent
+                deficit = self.deficit = int(left) if left > 0 and self._finite else 0
+            if admitted or not decodes:
+                self._run_head = None
+                return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, deficit, blocked)
+            head = waiting[0][2]  # left waiting: a run lasts until it fits the budget and the pages
+            self._run_head = (head.seq_len, blocked or not pool.can_allocate(head.pages))
+        # decodes only: they repeat until the block nearest its end ends (a block needs at most BLOCK
+        # forwards), or until the head prefill fits the budget, which grows by `fresh` an iteration from
+        # `deficit` (unless it lacks pages: those free only when a block ends)
+        repeats = BLOCK
+        for req in decodes:
+            to_go = req.steps[req.block] - req.step
+            if to_go < repeats:
+                repeats = to_go
+        run_head = self._run_head
+        if run_head is not None and not run_head[1] and fresh > 0:
+            fits = -(-(run_head[0] - deficit) // int(fresh))  # the first repeat whose budget >= S
+            if fits < repeats:
+                repeats = fits
+        return Microbatch(decodes, (), num_waiting, before, budget, deficit, blocked, repeats)
 
     def complete(self, mb: Microbatch, now: float, forwards: int = 1) -> Outcome:
         """Apply `forwards` iterations of `mb` (more than one only within `mb.repeats`), the last
@@ -202,16 +246,18 @@ class Batcher(Generic[P]):
                     self._ready.append(req)
         if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
             self.deficit = self._deficit_after(mb, forwards)
-        ended = False
+        seated: list[Request] | None = None  # the decodes left seated, once one of them ends
         for req in decodes:  # hot path: inlined rather than a method call per decode
             req.step += forwards
             if req.step >= req.steps[req.block]:
                 finished.append(req)
-                ended = True
+                if seated is None:
+                    seated = list(self.decodes)
+                seated.remove(req)
         if not finished:
             return Outcome(prefills, handoffs, ()) if prefills else NOTHING_DONE
-        if ended:
-            self.decodes = tuple([r for r in self.decodes if r.step < r.steps[r.block]])
+        if seated is not None:
+            self.decodes = tuple(seated)
         release = self.pool.release
         for req in finished:  # the block ends; its pages are free (docs/design.md section 1)
             release(req.id)
@@ -259,52 +305,3 @@ class Batcher(Generic[P]):
             req.record.decode_start = now
             seated.append(req)
         self.decodes = tuple(seated)
-
-    def _admit(self, now: float) -> Microbatch:
-        decodes, waiting, pool = self.decodes, self._waiting, self.pool
-        fresh = self._tau - BLOCK * len(decodes)
-        before = self.deficit
-        budget = fresh + before
-        num_waiting = len(waiting)
-        admitted: list[Request] = []
-        spent = 0
-        blocked = False
-        while waiting and not (self._one_only and admitted):
-            req = waiting[0][2]
-            if spent + req.seq_len > budget and (decodes or admitted):  # an empty microbatch takes the head
-                break
-            if not pool.can_allocate(req.pages):
-                blocked = True
-                break
-            heapq.heappop(waiting)
-            pool.allocate(req.id, req.pages)
-            req.record.prefill_start = now
-            admitted.append(req)
-            spent += req.seq_len
-        if blocked:
-            deficit = self.deficit = int(max(0, before - max(0, spent - fresh)))
-        else:
-            left = budget - spent
-            deficit = self.deficit = int(left) if left > 0 and self._finite else 0
-        if admitted or not decodes:
-            self._run_head = None
-            return Microbatch(decodes, tuple(admitted), num_waiting, before, budget, deficit, blocked)
-        # decodes only, the head prefill waiting: the run lasts until it fits the budget and the pages
-        repeats = _forwards_left(decodes)
-        head = waiting[0][2]
-        lacks_pages = blocked or not pool.can_allocate(head.pages)
-        self._run_head = (head.seq_len, lacks_pages)
-        if not lacks_pages and fresh > 0:  # else pages free only when a block ends; or the budget never grows
-            # the budget of repeat i is deficit + i * fresh; the head gets in at the first >= S
-            repeats = min(repeats, -(-(head.seq_len - deficit) // int(fresh)))
-        return Microbatch(decodes, (), num_waiting, before, budget, deficit, blocked, repeats)
-
-
-def _forwards_left(decodes: tuple[Request, ...]) -> int:
-    """Forwards left in the block nearest its end (a block needs at most BLOCK)."""
-    bound = BLOCK
-    for req in decodes:
-        left = req.steps[req.block] - req.step
-        if left < bound:
-            bound = left
-    return bound

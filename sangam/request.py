@@ -75,5 +75,5 @@ class Request:
         self.block += 1
         self.step = 0
         if self.block < len(self.steps):
-            self.record = BlockRecord(ready=now)
+            self.record = BlockRecord(now)  # ready now
             self.blocks.append(self.record)

@@ -86,6 +86,11 @@ class _Stage(IntEnum):
     DECODING = 4  # decoding on `worker`, where its KV was moved
 
 
+# the stages as module names: reading a member off its Enum class calls a descriptor (Python 3.11),
+# and the books are written for every block
+_DISPATCHED, _PREFILLED, _HANDED, _MOVING, _DECODING = _Stage
+
+
 class Router:
     """Routing for one layout: colocated, static disaggregated or hybrid (Algorithm 2)."""
 
@@ -104,7 +109,6 @@ class Router:
         self.pages = pages
         self.theta = theta
         self.rng = rng
-        self._kind = layout.kind
         self._tallies_pages = layout.kind is not Kind.COLOCATED  # colocated workers manage their own
         roles = layout.roles
         self.outstanding = [0] * len(roles)
@@ -126,6 +130,14 @@ class Router:
         self.forwards_redone = 0  # forwards of restarted blocks that had already run
         self.requests_failed = 0
         self._recovered: set[int] = set()  # requests a lost worker sent back to routing
+        # where a block's prefill goes under this layout (docs/design.md section 2), and whether a
+        # prefill placed on each worker is an overflow (a decode-role worker of a hybrid layout)
+        self._prefill_target = {
+            Kind.COLOCATED: self._colocated_target,
+            Kind.DISAGGREGATED: self._disaggregated_target,
+            Kind.HYBRID: self._hybrid_target,
+        }[layout.kind]
+        self._overflows = [layout.kind is Kind.HYBRID and role is not Role.PREFILL for role in roles]
 
     @property
     def can_serve(self) -> bool:
@@ -158,10 +170,10 @@ class Router:
         books = self._books
         for req in outcome.prefilled:
             self.outstanding[worker] -= req.seq_len
-            books[req.id] = (req, _Stage.PREFILLED, worker, -1)
+            books[req.id] = (req, _PREFILLED, worker, -1)
         for req in outcome.handoffs:
             heapq.heappush(self._decode_ready, (req.arrival, req.id, req, worker))
-            books[req.id] = (req, _Stage.HANDED, worker, -1)
+            books[req.id] = (req, _HANDED, worker, -1)
         for req in outcome.finished:
             del books[req.id]
             if self._tallies_pages:
@@ -176,8 +188,8 @@ class Router:
         """`req`'s KV has left `src`, whose pages are free again."""
         self.free[src] += req.pages
         books = self._books.get(req.id)
-        if books is not None and books[1] is _Stage.MOVING:
-            self._books[req.id] = (req, _Stage.DECODING, books[3], -1)
+        if books is not None and books[1] is _MOVING:
+            self._books[req.id] = (req, _DECODING, books[3], -1)
         return self._drain(now)
 
     def on_transfer_failed(self, now: float, req: Request, dst: int) -> list[Action]:
@@ -242,14 +254,14 @@ class Router:
         if books is None:
             return [*self._drain(now)]
         _, stage, at, dst = books
-        if stage is _Stage.DISPATCHED:
+        if stage is _DISPATCHED:
             self.outstanding[at] -= req.seq_len
-        if stage is _Stage.HANDED:
+        if stage is _HANDED:
             self._decode_ready = [e for e in self._decode_ready if e[2] is not req]
             heapq.heapify(self._decode_ready)
         if self._tallies_pages:
             self.free[at] += req.pages
-            if stage is _Stage.MOVING:
+            if stage is _MOVING:
                 self.free[dst] += req.pages
         drops: list[Action | Drop] = [Drop(req, w) for w in (at, dst) if w >= 0]
         return [*drops, *self._drain(now)]
@@ -270,15 +282,15 @@ class Router:
     def _recall(self, req: Request, stage: _Stage, at: int, dst: int, lost: int) -> list[Drop]:
         """Undo a placed block's books, queue it for routing from its prefill; Drops for survivors."""
         del self._books[req.id]
-        if stage is _Stage.DISPATCHED:
+        if stage is _DISPATCHED:
             self.outstanding[at] -= req.seq_len
         if self._tallies_pages:
             self.free[at] += req.pages
-        if stage is _Stage.HANDED:
+        if stage is _HANDED:
             self._decode_ready = [e for e in self._decode_ready if e[2] is not req]
             heapq.heapify(self._decode_ready)
         drops = [Drop(req, w) for w in (at, dst) if w != lost and w >= 0]
-        if stage is _Stage.MOVING:
+        if stage is _MOVING:
             self.free[dst] += req.pages
         if self._held.get(req.id) == lost:
             self._unhold(req.id)
@@ -325,7 +337,7 @@ class Router:
             heapq.heappop(self._decode_ready)
             self.free[dst] -= req.pages
             req.record.decode_worker = dst
-            self._books[req.id] = (req, _Stage.MOVING, src, dst)
+            self._books[req.id] = (req, _MOVING, src, dst)
             actions.append(Transfer(req, src, dst))
         if self._returning:
             self._route(self._returning, now, actions)
@@ -334,39 +346,37 @@ class Router:
 
     def _route(self, queue: list[tuple[float, int, Request]], now: float, actions: list[Action]) -> None:
         """Dispatch `queue`'s blocks in order of arrival while the head finds a prefill worker."""
+        outstanding, free, books, overflows = self.outstanding, self.free, self._books, self._overflows
         while queue:
             req = queue[0][2]
             if self.exclusive and req.id not in self._held and not self._claim(req):
                 break
-            target = self._prefill_target(req)
-            if target is None:
+            worker = self._prefill_target(req)
+            if worker is None:
                 break
             heapq.heappop(queue)
-            worker, overflow = target
-            self._charge(worker, req)
-            self._books[req.id] = (req, _Stage.DISPATCHED, worker, -1)
-            req.record.dispatch = now
-            req.record.prefill_worker = worker
-            req.record.overflow = overflow
+            outstanding[worker] += req.seq_len
+            if self._tallies_pages:
+                free[worker] -= req.pages
+            books[req.id] = (req, _DISPATCHED, worker, -1)
+            record = req.record
+            record.dispatch = now
+            record.prefill_worker = worker
+            record.overflow = overflows[worker]
             actions.append(Dispatch(req, worker))
 
-    def _charge(self, worker: int, req: Request) -> None:
-        self.outstanding[worker] += req.seq_len
-        if self._tallies_pages:
-            self.free[worker] -= req.pages
+    def _colocated_target(self, req: Request) -> int | None:
+        """The colocated worker with the fewest outstanding prefill tokens."""
+        return self._least_loaded(self._open(req, self.decode_pool) if self.exclusive else self.decode_pool)
 
-    def _prefill_target(self, req: Request) -> tuple[int, bool] | None:
-        """Where the block's prefill goes, and whether that is an overflow."""
-        kind = self._kind
-        if kind is Kind.COLOCATED:
-            worker = self._least_loaded(self._open(req, self.decode_pool))
-        else:
-            limit = self.theta if kind is Kind.HYBRID else math.inf
-            worker = self._least_loaded(self.prefill_pool, req.pages, limit)
-        if worker is not None or kind is not Kind.HYBRID:
-            return None if worker is None else (worker, False)
-        worker = self._overflow_target(req)
-        return None if worker is None else (worker, True)
+    def _disaggregated_target(self, req: Request) -> int | None:
+        """The prefill worker with the fewest outstanding prefill tokens that has the pages."""
+        return self._least_loaded(self.prefill_pool, req.pages)
+
+    def _hybrid_target(self, req: Request) -> int | None:
+        """Algorithm 2: the least-loaded prefill worker under theta with the pages, else an overflow."""
+        worker = self._least_loaded(self.prefill_pool, req.pages, self.theta)
+        return worker if worker is not None else self._overflow_target(req)
 
     def _overflow_target(self, req: Request) -> int | None:
         """Algorithm 2's overflow: least-loaded colocated worker under theta whose pages
@@ -399,6 +409,8 @@ class Router:
                     least, ties = tokens, [w]
                 elif ties:  # (no ties yet: `least` is still the limit, which is excluded)
                     ties.append(w)
+        if len(ties) == 1:
+            return ties[0]
         return self._tie_break(ties) if ties else None
 
     def _open(self, req: Request, workers: list[int]) -> list[int]:

@@ -82,6 +82,13 @@ class _Call:
     callbacks: list[Callable[[Any], None]] | None
 
 
+class _Dispatching(_Call):
+    """A dispatch in its control delay: the event that queues its prefill on its worker."""
+
+    __slots__ = ("action",)
+    action: Dispatch
+
+
 def _later(
     env: simpy.Environment, delay: float, callback: Callable[[Any], None], priority: EventPriority = NORMAL
 ) -> _Call:
@@ -182,7 +189,12 @@ class SimWorker:
         process this replaces was interrupted by an urgent event at the same instant, which nothing
         else could run before.)"""
         start, step, now = self._start, self._step, self.env.now
-        self._run = run = min(self._run, max(1, math.ceil((now - start) / step)))
+        begun = math.ceil((now - start) / step)  # iterations begun by now, the one in flight the last
+        if begun < 1:
+            begun = 1
+        if begun < self._run:
+            self._run = begun
+        run = self._run
         # work that arrives on a boundary: start + run * step can round a few ulps below now
         delay = max(0.0, start + run * step - now)
         self._end = now + delay
@@ -340,7 +352,10 @@ class Cluster:
             if isinstance(action, Dispatch):
                 if control_s:
                     self._controlled[action.req.id] = action
-                    _later(self.env, control_s, partial(self._dispatch, action))
+                    event = _Dispatching()
+                    event.action = action
+                    event.callbacks = [self._dispatch_due]
+                    self.env.schedule(event, NORMAL, control_s)  # type: ignore[arg-type]  # a duck-typed event
                 else:
                     self._dispatch(action)
             elif isinstance(action, Transfer):
@@ -350,15 +365,19 @@ class Cluster:
             else:
                 self._fail(action)
 
-    def _dispatch(self, action: Dispatch, event: object = None) -> None:
-        """Queue the prefill on its worker (`event`: the control delay's, when it comes from one)."""
-        if event is not None:
-            if self._controlled.get(action.req.id) is not action:
-                return  # overtaken by a loss or a drop during the delay
-            del self._controlled[action.req.id]
+    def _dispatch_due(self, event: _Dispatching) -> None:
+        """A dispatch's control delay is over: queue its prefill, unless a loss or a drop overtook it."""
+        action = event.action
+        if self._controlled.get(action.req.id) is not action:
+            return
+        del self._controlled[action.req.id]
+        self._dispatch(action, last=True)
+
+    def _dispatch(self, action: Dispatch, last: bool = False) -> None:
+        """Queue the prefill on its worker (`last`: as `SimWorker.wake`'s)."""
         target = self.workers[action.worker]
         target.batcher.add_prefill(action.req)
-        target.wake(last=event is not None)
+        target.wake(last)
 
     def _transfer(self, action: Transfer) -> None:
         """Reserve the pages on the destination now; the link carries one transfer at a time."""

@@ -16,6 +16,7 @@ typed values.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -255,19 +256,10 @@ class AsyncSangamClient:
                 last = state
             await asyncio.sleep(POLL_INTERVAL_S)
 
-    async def watch(self) -> AsyncIterator[list[RequestState]]:
-        """The updates of every request submitted with `watch` set from the call on, in batches (the
-        latest state of each request that changed); an empty batch first, once the scheduler follows
-        the stream for this client. Ends when the scheduler stops. No deadline: it lasts as long as
-        the client wants."""
-        call = self._stub.Watch(codec.watch_request(), metadata=self._metadata)
-        try:
-            async for batch in call:
-                yield codec.state_batch_from_pb(batch)
-        except grpc.RpcError as err:
-            raise SangamError(f"{self.address}: Watch: {rpc.describe(err)}", _code(err)) from None
-        finally:
-            call.cancel()
+    def watch(self) -> WatchStream:
+        """A Watch stream: requests submitted on it, and the updates of every request submitted with
+        `watch` set from the call on."""
+        return WatchStream(self._stub.Watch(metadata=self._metadata), self.address)
 
     async def poll(self, request_id: int) -> RequestState:
         state = await self._call("Poll", self._stub.Poll(codec.request_ref(request_id), **self._options()))
@@ -291,6 +283,70 @@ class AsyncSangamClient:
             return await call
         except grpc.RpcError as err:
             raise SangamError(f"{self.address}: {label}: {rpc.describe(err)}", _code(err)) from None
+
+
+class WatchStream:
+    """One Watch call (no deadline: it lasts as long as the client wants). `submit` sends a request on it
+    and waits for its answer, which `batches` reads: nothing is answered while no task reads them."""
+
+    def __init__(self, call: Any, address: str) -> None:
+        self.address = address
+        self._call = call
+        self._tags = itertools.count(1)
+        self._answers: dict[int, asyncio.Future[RequestState]] = {}
+        self._writing = asyncio.Lock()  # one message at a time on the stream
+        self._ended: SangamError | None = None
+
+    async def submit(self, submission: Submission) -> RequestState:
+        """Queue a request (as watched): its first state (status ERROR and the reason for bad input);
+        `SangamError` with code UNAVAILABLE when the scheduler takes none now, or when the stream ended."""
+        if self._ended is not None:
+            raise self._ended
+        tag = next(self._tags)
+        answer = self._answers[tag] = asyncio.get_running_loop().create_future()
+        try:
+            async with self._writing:
+                await self._call.write(codec.watch_submit(tag, submission))
+            return await answer
+        except (grpc.RpcError, asyncio.InvalidStateError) as err:  # the call is over
+            raise self._ended or SangamError(f"{self.address}: Watch: {err}", "UNAVAILABLE") from None
+        finally:
+            self._answers.pop(tag, None)
+
+    async def batches(self) -> AsyncIterator[list[RequestState]]:
+        """The updates of every watched request, in batches (the latest state of each that changed); an
+        empty batch first, once the scheduler follows the stream. Ends when the scheduler stops."""
+        try:
+            async for message in self._call:
+                batch = codec.watch_batch_from_pb(message)
+                for submitted in batch.submitted:
+                    answer = self._answers.get(submitted.tag)
+                    if answer is None or answer.done():
+                        continue  # its caller gave up
+                    if submitted.state is None:
+                        answer.set_exception(
+                            SangamError(f"{self.address}: Submit: {submitted.unavailable}", "UNAVAILABLE")
+                        )
+                    else:
+                        answer.set_result(submitted.state)
+                yield batch.states
+            self._end(SangamError(f"{self.address}: Watch: the scheduler ended the stream", "UNAVAILABLE"))
+        except grpc.RpcError as err:
+            self._end(SangamError(f"{self.address}: Watch: {rpc.describe(err)}", _code(err)))
+        finally:
+            self._call.cancel()
+            self._end(SangamError(f"{self.address}: Watch: the stream was closed", "CANCELLED"))
+        assert self._ended is not None
+        raise self._ended
+
+    def _end(self, err: SangamError) -> None:
+        """The stream is over: every Submit waiting for its answer, and every later one, raises `err`."""
+        if self._ended is not None:
+            return
+        self._ended = err
+        for answer in self._answers.values():
+            if not answer.done():
+                answer.set_exception(err)
 
 
 def _code(err: grpc.RpcError) -> str:

@@ -3,8 +3,6 @@ conversion between them and `executor/proto/sangam.proto`, each way that a proce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from executor.messages import (
     BlockDone,
     BlockWork,
@@ -22,9 +20,11 @@ from executor.messages import (
     RequestStatus,
     Sampling,
     Submission,
+    Submitted,
     TransferEvent,
     TransferKind,
     TransferOrder,
+    WatchBatch,
     WorkBatch,
     WorkerExit,
     WorkerState,
@@ -136,16 +136,27 @@ def state_from_pb(msg: pb.RequestState) -> RequestState:
     )
 
 
-def state_batch_to_pb(states: Sequence[RequestState]) -> pb.StateBatch:
-    return pb.StateBatch(states=[state_to_pb(state) for state in states])
+def watch_batch_to_pb(batch: WatchBatch) -> pb.StateBatch:
+    return pb.StateBatch(
+        states=[state_to_pb(state) for state in batch.states],
+        submitted=[
+            pb.Submitted(tag=s.tag, reply=submit_reply(s.state) if s.state is not None else None,
+                         unavailable=s.unavailable)
+            for s in batch.submitted
+        ],
+    )  # fmt: skip
 
 
-def state_batch_from_pb(msg: pb.StateBatch) -> list[RequestState]:
-    return [state_from_pb(state) for state in msg.states]
+def watch_batch_from_pb(msg: pb.StateBatch) -> WatchBatch:
+    submitted = [
+        Submitted(s.tag, None if s.unavailable else submit_reply_from_pb(s.reply), s.unavailable)
+        for s in msg.submitted
+    ]
+    return WatchBatch([state_from_pb(state) for state in msg.states], submitted)
 
 
-def watch_request() -> pb.WatchRequest:
-    return pb.WatchRequest()
+def watch_submit(tag: int, sub: Submission) -> pb.WatchRequest:
+    return pb.WatchRequest(tag=tag, submit=submission_to_pb(sub))
 
 
 def _status_from_pb(value: int) -> RequestStatus:

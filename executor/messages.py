@@ -83,6 +83,25 @@ class RequestState:
 
 
 @dataclass(frozen=True, slots=True)
+class Submitted:
+    """The answer to a Submit sent on a Watch stream, under the client's tag: the request's first state
+    (as a Submit call's reply), or why the scheduler takes no request now (`unavailable`)."""
+
+    tag: int
+    state: RequestState | None
+    unavailable: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchBatch:
+    """One message of a Watch stream: the latest state of each watched request that changed, and the
+    answers to the Submits sent on the stream since the last."""
+
+    states: list[RequestState]
+    submitted: list[Submitted]
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFacts:
     """What Submit validates against, from the workers' registrations."""
 

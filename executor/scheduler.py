@@ -23,7 +23,8 @@ Calls are checked by `executor.auth`: the control port and the workers need the 
 port the api key when one is set (and its Shutdown the secret or the key). The client port bounds its
 open streams (`rpc.StreamLimit`) below its thread count, so Submit, Status and health always find a
 thread. A client that follows many requests (`sangam serve`) opens one Watch stream for all of them
-instead of one Stream each: the core thread hands the states of requests submitted with `watch` to every
+instead of one Stream each, and submits them on it (a thread per Watch reads those Submits; their answers
+go back on the stream): the core thread hands the states of requests submitted with `watch` to every
 open Watch, whose thread sends whatever queued up meanwhile as one message.
 """
 
@@ -39,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,16 @@ import grpc
 
 from executor import auth, codec, rpc
 from executor.iteration_log import IterationLog
-from executor.messages import BlockWork, DropOrder, RequestState, TransferOrder, WorkBatch
+from executor.messages import (
+    BlockWork,
+    DropOrder,
+    RequestState,
+    Submission,
+    Submitted,
+    TransferOrder,
+    WatchBatch,
+    WorkBatch,
+)  # fmt: skip
 from executor.process_specs import SchedulerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
@@ -155,7 +166,8 @@ class SchedulerCore:
             queue.SimpleQueue()
         )
         self._threads: list[threading.Thread] = []
-        self._watchers: tuple[queue.SimpleQueue[RequestState | None], ...] = ()  # replaced, never changed
+        # replaced, never changed
+        self._watchers: tuple[queue.SimpleQueue[RequestState | Submitted | None], ...] = ()
         self._watchers_lock = threading.Lock()
         self.state.watch = self._to_watchers
         self._core = self._thread(self._core_loop, "core")
@@ -235,12 +247,13 @@ class SchedulerCore:
             return f"waiting for workers: {len(self.state.workers)} of {expected} registered"
         return None
 
-    def submit(self, msg: pb.SubmitRequest) -> pb.SubmitReply:
-        """Accept one request (or record why not); the caller checked `unavailable()` first."""
-        tracked = self.state.submit(codec.submission_from_pb(msg))
+    def submit(self, sub: Submission) -> RequestState:
+        """Accept one request (or record why not): its first state; the caller checked `unavailable()`
+        first."""
+        tracked = self.state.submit(sub)
         if tracked.req is not None:
             self._post(self.state.on_arrival, tracked)
-        return codec.submit_reply(tracked.state)
+        return tracked.state
 
     def report(self, msg: pb.ReportBatch) -> str | None:
         """Queue a worker's report batch; why it is refused (a lost or unknown sender), or None."""
@@ -278,28 +291,44 @@ class SchedulerCore:
                 return
             changed.wait(1.0)
 
-    def watch(self, active: Callable[[], bool]) -> Iterator[list[RequestState]]:
+    def watch(
+        self, submits: Iterator[tuple[int, Submission]], active: Callable[[], bool]
+    ) -> Iterator[WatchBatch]:
         """The states of watched requests published from now on, in batches: what queued up since the last
-        batch, the latest state of each request (a state holds all that came before it). An empty batch
-        first, once registered."""
-        updates: queue.SimpleQueue[RequestState | None] = queue.SimpleQueue()
+        batch, the latest state of each request (a state holds all that came before it), and the answers
+        to the `submits` (tag, submission) read from the stream meanwhile (each submitted with `watch`).
+        An empty batch first, once registered."""
+        updates: queue.SimpleQueue[RequestState | Submitted | None] = queue.SimpleQueue()
         with self._watchers_lock:
             self._watchers = (*self._watchers, updates)
+
+        def read() -> None:
+            with suppress(grpc.RpcError):  # the stream ended: no more submits
+                for tag, sub in submits:
+                    reason = self.unavailable()
+                    answer = self.submit(replace(sub, watch=True)) if reason is None else None
+                    updates.put(Submitted(tag, answer, reason or ""))
+
+        threading.Thread(target=read, name="watch-submits", daemon=True).start()
         try:
-            yield []
+            yield WatchBatch([], [])
             while not self.stopped.is_set() and active():
                 try:
                     item = updates.get(timeout=WATCH_CHECK_S)
                 except queue.Empty:
                     continue
-                batch: dict[int, RequestState] = {}
+                states: dict[int, RequestState] = {}
+                submitted: list[Submitted] = []
                 while item is not None:
-                    batch[item.request_id] = item
+                    if isinstance(item, Submitted):
+                        submitted.append(item)
+                    else:
+                        states[item.request_id] = item
                     try:
                         item = updates.get_nowait()
                     except queue.Empty:
                         break
-                yield list(batch.values())
+                yield WatchBatch(list(states.values()), submitted)
                 if item is None:  # the scheduler is stopping
                     return
         finally:
@@ -409,7 +438,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         reason = self.core.unavailable()
         if reason is not None:
             context.abort(grpc.StatusCode.UNAVAILABLE, reason)
-        return self.core.submit(request)
+        return codec.submit_reply(self.core.submit(codec.submission_from_pb(request)))
 
     def Poll(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
         return codec.state_to_pb(self.core.state.poll(request.request_id))
@@ -418,9 +447,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         for state in self.core.stream(request.request_id, context.is_active):
             yield codec.state_to_pb(state)
 
-    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.StateBatch]:
-        for batch in self.core.watch(context.is_active):
-            yield codec.state_batch_to_pb(batch)
+    def Watch(
+        self, requests: Iterator[pb.WatchRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.StateBatch]:
+        submits = ((msg.tag, codec.submission_from_pb(msg.submit)) for msg in requests)
+        for batch in self.core.watch(submits, context.is_active):
+            yield codec.watch_batch_to_pb(batch)
 
     def Cancel(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
         return codec.state_to_pb(self.core.cancel(request.request_id))

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from executor.client import AsyncSangamClient, SangamError
+from executor.client import AsyncSangamClient, SangamError, WatchStream
 from executor.messages import ClusterStatus, RequestState, Submission
 
 UNCLAIMED_S = 60.0  # how long a finished request's last state waits for a stream to follow it
@@ -86,9 +86,9 @@ class ClusterBackend:
     """`Backend` over the scheduler's client port; the address is set once the cluster is up, and the
     asyncio channel is opened on first use, inside the server's event loop.
 
-    Every request is submitted with `watch` set, and one Watch stream, opened before the first Submit,
-    carries the updates of them all (`executor.scheduler`): no stream per request, so no bound on the
-    requests followed at once. A state may come before the Submit reply that names its request, so the
+    One Watch stream, opened before the first request, carries every request's Submit and the updates
+    of them all (`executor.scheduler`): no call per request, so no bound on the requests followed at
+    once. A state may come before the Submit's answer that names its request, so the
     latest state of each request is kept until its stream has read it to the end; a finished one that
     no stream follows within `UNCLAIMED_S` is dropped (refused at Submit, or given up before it was
     followed). A Watch stream that ends once it was up means the scheduler is gone: every stream and
@@ -101,6 +101,7 @@ class ClusterBackend:
         self._latest: dict[int, RequestState] = {}
         self._woken: dict[int, asyncio.Event] = {}  # the followed requests'
         self._unclaimed: dict[int, float] = {}  # finished requests no stream follows: since when
+        self._stream: WatchStream | None = None
         self._watch: asyncio.Task[None] | None = None
         self._registered: asyncio.Future[None] | None = None  # done once the scheduler follows the Watch
         self._lost: SangamError | None = None  # why the Watch stream ended after it was up
@@ -113,8 +114,8 @@ class ClusterBackend:
         return self._client
 
     async def submit(self, submission: Submission) -> RequestState:
-        await self._watching()
-        return await self._connected().submit(replace(submission, watch=True))
+        stream = await self._watching()
+        return await stream.submit(submission)
 
     async def stream(self, request_id: int) -> AsyncIterator[RequestState]:
         woken = self._woken.setdefault(request_id, asyncio.Event())
@@ -149,23 +150,25 @@ class ClusterBackend:
         if self._client is not None:
             await self._client.close()
 
-    async def _watching(self) -> None:
-        """Open the Watch stream unless it is open (again if it failed before it was up), and wait until
-        the scheduler follows it."""
+    async def _watching(self) -> WatchStream:
+        """The Watch stream, opened unless it is open (again if it failed before it was up), once the
+        scheduler follows it."""
         if self._lost is not None:
             raise self._lost
         if self._registered is None or (self._registered.done() and self._registered.exception()):
             self._registered = asyncio.get_running_loop().create_future()
-            self._watch = asyncio.create_task(self._follow(self._registered))
+            self._stream = self._connected().watch()
+            self._watch = asyncio.create_task(self._follow(self._stream, self._registered))
         await asyncio.shield(self._registered)
+        assert self._stream is not None
+        return self._stream
 
-    async def _follow(self, registered: asyncio.Future[None]) -> None:
+    async def _follow(self, stream: WatchStream, registered: asyncio.Future[None]) -> None:
         try:
-            async for states in self._connected().watch():
+            async for states in stream.batches():
                 if not registered.done():
                     registered.set_result(None)  # the first batch, empty: the scheduler follows it
                 self._dispatch(states)
-            raise SangamError(f"{self.address}: Watch: the scheduler ended the stream")
         except SangamError as err:
             if not registered.done():
                 registered.set_exception(err)

@@ -14,26 +14,29 @@ from serve.backend import ClusterBackend
 
 
 class Scheduler:
-    """The `AsyncSangamClient` calls the backend makes; a Submit's states go out on the Watch first, its
-    reply after; `finish=False` leaves the request running."""
+    """The `AsyncSangamClient` and `WatchStream` calls the backend makes; a Submit's states go out on the
+    Watch first, its answer after; a request of one block finishes, a longer one stays QUEUED."""
 
     def __init__(self) -> None:
-        self.batches: asyncio.Queue[list[RequestState] | None] = asyncio.Queue()
+        self.published: asyncio.Queue[list[RequestState] | None] = asyncio.Queue()
         self.watches = 0
         self.ids = 0
 
-    async def watch(self) -> AsyncIterator[list[RequestState]]:
+    def watch(self) -> Scheduler:
         self.watches += 1
-        yield []
-        while (batch := await self.batches.get()) is not None:
-            yield batch
+        return self
 
-    async def submit(self, submission: Submission, finish: bool = True) -> RequestState:
-        assert submission.watch
+    async def batches(self) -> AsyncIterator[list[RequestState]]:
+        yield []
+        while (batch := await self.published.get()) is not None:
+            yield batch
+        raise SangamError("the scheduler ended the stream")
+
+    async def submit(self, submission: Submission) -> RequestState:
         rid, self.ids = self.ids, self.ids + 1
-        await self.batches.put([RequestState(rid, RequestStatus.QUEUED, n_blocks=1)])
+        await self.published.put([RequestState(rid, RequestStatus.QUEUED, n_blocks=1)])
         if submission.gen_len == 32:
-            await self.batches.put([RequestState(rid, RequestStatus.DONE, blocks_done=1, n_blocks=1)])
+            await self.published.put([RequestState(rid, RequestStatus.DONE, blocks_done=1, n_blocks=1)])
         for _ in range(5):
             await asyncio.sleep(0)  # the Watch delivers them before this reply
         return RequestState(rid, RequestStatus.QUEUED, n_blocks=1)
@@ -64,7 +67,7 @@ def test_a_watch_that_ends_fails_its_followers_and_later_submits() -> None:
         running = await backend.submit(Submission((1, 2), 64))  # stays QUEUED
         updates = backend.stream(running.request_id)
         assert (await anext(updates)).status is RequestStatus.QUEUED
-        await scheduler.batches.put(None)  # the scheduler ends the Watch
+        await scheduler.published.put(None)  # the scheduler ends the Watch
         with pytest.raises(SangamError, match="ended the stream"):
             await anext(updates)
         with pytest.raises(SangamError, match="ended the stream"):

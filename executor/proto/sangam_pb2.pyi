@@ -164,14 +164,41 @@ class RequestState(_message.Message):
     ) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("tag", "submit")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    submit: SubmitRequest
+    def __init__(
+        self, tag: _Optional[int] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ...
+    ) -> None: ...
+
+class Submitted(_message.Message):
+    __slots__ = ("tag", "reply", "unavailable")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    reply: SubmitReply
+    unavailable: str
+    def __init__(
+        self,
+        tag: _Optional[int] = ...,
+        reply: _Optional[_Union[SubmitReply, _Mapping]] = ...,
+        unavailable: _Optional[str] = ...,
+    ) -> None: ...
 
 class StateBatch(_message.Message):
-    __slots__ = ("states",)
+    __slots__ = ("states", "submitted")
     STATES_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedCompositeFieldContainer[RequestState]
-    def __init__(self, states: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ...) -> None: ...
+    submitted: _containers.RepeatedCompositeFieldContainer[Submitted]
+    def __init__(
+        self,
+        states: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ...,
+        submitted: _Optional[_Iterable[_Union[Submitted, _Mapping]]] = ...,
+    ) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -81,7 +81,7 @@ class SchedulerStub:
             response_deserializer=executor_dot_proto_dot_sangam__pb2.RequestState.FromString,
             _registered_method=True,
         )
-        self.Watch = channel.unary_stream(
+        self.Watch = channel.stream_stream(
             "/sangam.live.v1.Scheduler/Watch",
             request_serializer=executor_dot_proto_dot_sangam__pb2.WatchRequest.SerializeToString,
             response_deserializer=executor_dot_proto_dot_sangam__pb2.StateBatch.FromString,
@@ -143,11 +143,13 @@ class SchedulerServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
-    def Watch(self, request, context):
+    def Watch(self, request_iterator, context):
         """Every update of the requests submitted with `watch` set, from the call on, in batches (what
         queued up while the last batch was sent, one state per request: a state holds all that came
         before it). An empty batch comes first, once the stream is registered: requests submitted after
-        it lose no update. One stream follows all of a front end's requests (`sangam serve`).
+        it lose no update. One stream follows all of a front end's requests (`sangam serve`). After
+        the first message, each the client sends is a Submit, whose reply comes back in a batch with
+        the client's tag: a message on an open stream reaches the scheduler sooner than a new call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
@@ -191,7 +193,7 @@ def add_SchedulerServicer_to_server(servicer, server):
             request_deserializer=executor_dot_proto_dot_sangam__pb2.RequestRef.FromString,
             response_serializer=executor_dot_proto_dot_sangam__pb2.RequestState.SerializeToString,
         ),
-        "Watch": grpc.unary_stream_rpc_method_handler(
+        "Watch": grpc.stream_stream_rpc_method_handler(
             servicer.Watch,
             request_deserializer=executor_dot_proto_dot_sangam__pb2.WatchRequest.FromString,
             response_serializer=executor_dot_proto_dot_sangam__pb2.StateBatch.SerializeToString,
@@ -421,7 +423,7 @@ class Scheduler:
 
     @staticmethod
     def Watch(
-        request,
+        request_iterator,
         target,
         options=(),
         channel_credentials=None,
@@ -432,8 +434,8 @@ class Scheduler:
         timeout=None,
         metadata=None,
     ):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             "/sangam.live.v1.Scheduler/Watch",
             executor_dot_proto_dot_sangam__pb2.WatchRequest.SerializeToString,

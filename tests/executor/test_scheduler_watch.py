@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from executor.messages import Registration, RequestState, RequestStatus, Submission
+import queue
+from collections.abc import Iterator
+
+from executor.messages import Registration, RequestState, RequestStatus, Submission, Submitted, WatchBatch
 from executor.scheduler import SchedulerCore
 from executor.scheduler_state import SchedulerState
 
@@ -13,18 +16,18 @@ WORKER = Registration(0, "127.0.0.1:7000", 100, 1000, 999, (2,), "tiny", "cpu", 
 def test_a_watch_starts_empty_then_sends_what_queued_up_one_latest_state_per_request() -> None:
     core = SchedulerCore(1, mask_len=64, secret="s")
     try:
-        first = core.watch(lambda: True)
-        assert next(first) == []  # registered: nothing published from now on is missed
+        first = core.watch(iter(()), lambda: True)
+        assert next(first) == WatchBatch([], [])  # registered: nothing published from now on is missed
         a0, b0 = RequestState(0, RequestStatus.QUEUED), RequestState(1, RequestStatus.QUEUED)
         a1 = RequestState(0, RequestStatus.RUNNING, blocks_done=1)
         for published in (a0, b0, a1):
             core.state.watch(published)
-        second = core.watch(lambda: True)
-        assert next(second) == []
+        second = core.watch(iter(()), lambda: True)
+        assert next(second) == WatchBatch([], [])
         b1 = RequestState(1, RequestStatus.DONE, blocks_done=1)
         core.state.watch(b1)
-        assert next(first) == [a1, b1]  # each request's latest state, once
-        assert next(second) == [b1]  # opened after the others were published
+        assert next(first).states == [a1, b1]  # each request's latest state, once
+        assert next(second).states == [b1]  # opened after the others were published
     finally:
         core.stop()
     assert list(first) == [] and list(second) == []  # a stopping scheduler ends them
@@ -43,3 +46,26 @@ def test_only_requests_submitted_with_watch_reach_it() -> None:
         (watched.id, RequestStatus.QUEUED),
         (watched.id, RequestStatus.RUNNING),
     ]
+
+
+def test_submits_sent_on_a_watch_are_answered_on_it_under_their_tags() -> None:
+    core = SchedulerCore(1, mask_len=64, secret="s")
+    sent: queue.SimpleQueue[tuple[int, Submission] | None] = queue.SimpleQueue()
+
+    def submits() -> Iterator[tuple[int, Submission]]:
+        while (item := sent.get()) is not None:
+            yield item
+
+    try:
+        stream = core.watch(submits(), lambda: True)
+        assert next(stream) == WatchBatch([], [])
+        sent.put((7, Submission(PROMPT, 32)))  # no worker has registered
+        assert next(stream) == WatchBatch([], [Submitted(7, None, "waiting for workers: 0 of 1 registered")])
+        core.state.register(WORKER)
+        sent.put((8, Submission((), 32)))  # refused at admission: an ERROR state, as a Submit's reply
+        (answer,) = next(stream).submitted
+        assert answer.tag == 8 and answer.state is not None and answer.state.status is RequestStatus.ERROR
+        assert answer.state.error == "empty prompt"
+    finally:
+        sent.put(None)
+        core.stop()

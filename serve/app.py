@@ -35,6 +35,7 @@ from serve.metrics import CONTENT_TYPE, Metrics
 from serve.tokenizer import Message, TextTokenizer
 
 RETRY_AFTER_S = 1
+CONTEXT_IDS = 4  # settled ids decoded again with new ones: a tokenizer may join a text to the one before
 REQUEST_ID_HEADER = "x-sangam-request-id"
 ERROR_TYPES = {
     400: "BadRequestError",
@@ -88,7 +89,8 @@ class Output:
     """The text of a request's committed blocks, cut at the model's EOS, at `max_tokens` or before the first
     of the `stops` strings; each block gives the text it adds. Text that may be the start of a stop string
     (or a trailing incomplete UTF-8 character, which decodes as one U+FFFD that bytes that follow may
-    complete) waits for the next block: the texts added join to the whole text."""
+    complete) waits for the next block: the texts added join to the whole text. Each block decodes its
+    own ids and a few before them, not the whole output again (which made a long output quadratic)."""
 
     def __init__(
         self, tokenizer: TextTokenizer, eos_ids: Sequence[int], max_tokens: int, stops: Sequence[str] = ()
@@ -101,6 +103,8 @@ class Output:
         self.eos = False
         self.finish: str | None = None  # stop (EOS or a stop string) or length
         self.sent = ""
+        self._settled = 0  # ids whose text can no longer change: `_settled_text`
+        self._settled_text = ""
 
     @property
     def completion_tokens(self) -> int:
@@ -118,7 +122,7 @@ class Output:
                 break
         if self.finish is None and last:
             self.finish = "length"
-        text = self.tokenizer.decode(self.ids)
+        text = self._decode()
         if self.stops:
             text = self._cut_at_stop(text, before)
         if self.finish is None:
@@ -129,6 +133,20 @@ class Output:
             return ""
         delta, self.sent = text[len(self.sent) :], text
         return delta
+
+    def _decode(self) -> str:
+        """The text of all the ids: the settled text, then the ids after it decoded with the last few
+        settled ones as context; what it ends with settles unless it is an incomplete character."""
+        start = max(0, self._settled - CONTEXT_IDS)
+        context = self.tokenizer.decode(self.ids[start : self._settled])
+        window = self.tokenizer.decode(self.ids[start:])
+        if window.startswith(context):
+            text = self._settled_text + window[len(context) :]
+        else:  # the new ids changed the context's text: decode them all
+            text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self._settled, self._settled_text = len(self.ids), text
+        return text
 
     def _cut_at_stop(self, text: str, before: int) -> str:
         """`text` up to the first stop string, which ends the output (the tokens counted are those up to

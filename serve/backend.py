@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from executor.client import AsyncSangamClient, SangamError, WatchStream

@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import httpx
@@ -19,7 +19,7 @@ from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server,
 
 from executor.client import SangamError
 from executor.messages import ClusterStatus, RequestState, Submission
-from serve.app import Output
+from serve.app import CONTEXT_IDS, Output
 from serve.backend import ServingState
 from serve.server import listen
 from serve.tokenizer import Message
@@ -274,6 +274,21 @@ def test_block_texts_join_to_the_whole_text(ids: list[int], max_tokens: int) -> 
     joined = "".join(output.add_block(block, i + 1 == len(blocks)) for i, block in enumerate(blocks))
     kept = ids[:max_tokens]
     assert joined == TOKENIZER.decode(kept) and output.completion_tokens == len(kept)
+
+
+def test_each_block_decodes_its_own_ids_not_the_whole_output_again() -> None:
+    decoded: list[int] = []
+
+    class Counting:
+        def decode(self, ids: Sequence[int]) -> str:
+            decoded.append(len(ids))
+            return TOKENIZER.decode(ids)
+
+    output = Output(Counting(), (EOS,), 64 * 32)  # type: ignore[arg-type]  # decode is all it uses
+    blocks = [[letter(i % 20)] * 32 for i in range(64)]
+    joined = "".join(output.add_block(block, i == 63) for i, block in enumerate(blocks))
+    assert joined == TOKENIZER.decode([t for block in blocks for t in block])
+    assert sum(decoded) < 64 * 2 * (32 + 2 * CONTEXT_IDS)  # the whole output each block: 66,560 ids
 
 
 def test_split_character_waits_for_its_last_byte() -> None:

@@ -18,8 +18,12 @@ to DIR/serve_bench.json, with two measures of the HTTP overhead:
   straight over gRPC (`executor.client.AsyncSangamClient`, what serve's backend does): the control
   plane's share (the worker's report, the scheduler's publish, the stream), so that
   `http_minus_grpc_overhead_median_ms` is what HTTP itself adds;
-- `median_e2el_vs_live_ms`: the HTTP run's median end-to-end latency minus the `sangam live` replay's
-  (two runs of one trace, so it also holds run-to-run noise).
+- `http_overhead_mean_pct`: the mean of the first measure as a share of the HTTP run's mean end-to-end
+  latency (what the HTTP path, Submit and delivery add to the mean, request by request);
+- `median_e2el_vs_live_ms`, `mean_e2el_vs_live_pct`: the HTTP run's median and mean end-to-end latency
+  against the `sangam live` replay's, and `mean_e2el_vs_grpc_pct` against the gRPC run's on the same
+  server (separate runs of one trace: they also hold run-to-run noise, the batches a request shares
+  changing with the instants the requests arrive at).
 
 Target (issue 16): the HTTP path adds at most 2 ms per request at the median. Without a GPU the serve
 and live processes run the tiny CPU model (`--workers 1`); extra arguments after `--` go to both
@@ -257,6 +261,7 @@ def result(
 ) -> dict[str, Any]:
     done = [s for s in sent if s.ok]
     e2el = [(s.end - s.start) * 1e3 for s in done]
+    grpc_e2el = [(s.end - s.start) * 1e3 for s in direct if s.ok]
     ttft = [(s.first_chunk - s.start) * 1e3 for s in done if s.first_chunk is not None]
     with (served / "requests.csv").open() as f:
         scheduler_e2el = {int(r["request_id"]): float(r["e2el"]) * 1e3 for r in csv.DictReader(f)}
@@ -288,10 +293,14 @@ def result(
         "grpc_overhead_median_ms": percentile(grpc_overhead, 50),
         "grpc_overhead_p99_ms": percentile(grpc_overhead, 99),
         "grpc_completed": sum(s.ok for s in direct),
+        "grpc_mean_e2el_ms": statistics.fmean(grpc_e2el) if grpc_e2el else float("nan"),
+        "http_overhead_mean_pct": 100 * statistics.fmean(overhead) / statistics.fmean(e2el),
         "http_minus_grpc_overhead_median_ms": percentile(overhead, 50) - percentile(grpc_overhead, 50),
         "live_median_e2el_ms": live["median_e2el_ms"],
         "live_mean_e2el_ms": live["mean_e2el_ms"],
         "median_e2el_vs_live_ms": percentile(e2el, 50) - live["median_e2el_ms"],
+        "mean_e2el_vs_live_pct": 100 * (statistics.fmean(e2el) / live["mean_e2el_ms"] - 1),
+        "mean_e2el_vs_grpc_pct": 100 * (statistics.fmean(e2el) / statistics.fmean(grpc_e2el) - 1),
         "extra_args": args.extra,
     }
 
@@ -340,8 +349,10 @@ def main() -> None:
     (out / "serve_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     keys = (
         "completed", "failed", "request_throughput", "output_throughput", "median_e2el_ms", "p99_e2el_ms",
-        "live_median_e2el_ms", "median_e2el_vs_live_ms", "http_overhead_median_ms", "http_overhead_p99_ms",
-        "grpc_overhead_median_ms", "http_minus_grpc_overhead_median_ms",
+        "live_median_e2el_ms", "median_e2el_vs_live_ms", "mean_e2el_ms", "live_mean_e2el_ms",
+        "grpc_mean_e2el_ms", "mean_e2el_vs_live_pct", "mean_e2el_vs_grpc_pct", "http_overhead_median_ms",
+        "http_overhead_p99_ms", "http_overhead_mean_pct", "grpc_overhead_median_ms",
+        "http_minus_grpc_overhead_median_ms",
     )  # fmt: skip
     for key in keys:
         value = report[key]

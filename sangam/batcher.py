@@ -232,18 +232,17 @@ class Batcher(Generic[P]):
             prefills = tuple(r for r in prefills if r.id not in self._dropped)
             decodes = tuple(r for r in decodes if r.id not in self._dropped)
         finished: list[Request] = []
-        handoffs: tuple[Request, ...] = ()
-        if prefills:
-            if self.hand_off:
-                handoffs = tuple(r for r in prefills if r.steps[r.block] > 1)
-            for req in prefills:
-                req.record.prefill_end = now
-                req.step = 1
-                if req.steps[req.block] == 1:
-                    finished.append(req)
-                elif not self.hand_off:
-                    req.record.decode_worker = self.worker
-                    self._ready.append(req)
+        handoffs: list[Request] = []
+        for req in prefills:
+            req.record.prefill_end = now
+            req.step = 1
+            if req.steps[req.block] == 1:
+                finished.append(req)
+            elif self.hand_off:
+                handoffs.append(req)
+            else:
+                req.record.decode_worker = self.worker
+                self._ready.append(req)
         if forwards > 1 and self._run_head is not None:  # without a waiting prefill it stays 0
             self.deficit = self._deficit_after(mb, forwards)
         seated: list[Request] | None = None  # the decodes left seated, once one of them ends
@@ -255,14 +254,14 @@ class Batcher(Generic[P]):
                     seated = list(self.decodes)
                 seated.remove(req)
         if not finished:
-            return Outcome(prefills, handoffs, ()) if prefills else NOTHING_DONE
+            return Outcome(prefills, tuple(handoffs), ()) if prefills else NOTHING_DONE
         if seated is not None:
             self.decodes = tuple(seated)
         release = self.pool.release
         for req in finished:  # the block ends; its pages are free (docs/design.md section 1)
             release(req.id)
             req.end_block(now)
-        return Outcome(prefills, handoffs, tuple(finished))
+        return Outcome(prefills, tuple(handoffs), tuple(finished))
 
     def repeated(self, mb: Microbatch, forwards: int) -> list[Microbatch]:
         """`mb` and the `forwards - 1` iterations that repeat it (see `Microbatch.repeats`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from sangam.hardware import BLOCK
@@ -223,7 +223,9 @@ def with_arrivals(
     for row in rows:
         if row.arrival_time is None:
             now += _gap(qps, cv, rng, clip)
-            row = replace(row, arrival_time=now)
+            row = TraceRow(
+                row.prompt_len, row.output_len, now, row.steps
+            )  # not replace(): it looks up fields
         else:
             now = row.arrival_time
         out.append(row)

@@ -82,11 +82,12 @@ class _Call:
     callbacks: list[Callable[[Any], None]] | None
 
 
-class _Dispatching(_Call):
-    """A dispatch in its control delay: the event that queues its prefill on its worker."""
+class _Carrying(_Call):
+    """A bare event that carries the action it completes: a dispatch out of its control delay, a KV
+    transfer that has landed (one event and no `partial` per block)."""
 
     __slots__ = ("action",)
-    action: Dispatch
+    action: Any
 
 
 def _later(
@@ -352,10 +353,7 @@ class Cluster:
             if isinstance(action, Dispatch):
                 if control_s:
                     self._controlled[action.req.id] = action
-                    event = _Dispatching()
-                    event.action = action
-                    event.callbacks = [self._dispatch_due]
-                    self.env.schedule(event, NORMAL, control_s)  # type: ignore[arg-type]  # a duck-typed event
+                    self._carry(action, control_s, self._dispatch_due)
                 else:
                     self._dispatch(action)
             elif isinstance(action, Transfer):
@@ -365,9 +363,16 @@ class Cluster:
             else:
                 self._fail(action)
 
-    def _dispatch_due(self, event: _Dispatching) -> None:
+    def _carry(self, action: Action, delay: float, callback: Callable[[_Carrying], None]) -> None:
+        """`callback(event)` `delay` from now, `event.action` being `action`."""
+        event = _Carrying()
+        event.action = action
+        event.callbacks = [callback]
+        self.env.schedule(event, NORMAL, delay)  # type: ignore[arg-type]  # a duck-typed event
+
+    def _dispatch_due(self, event: _Carrying) -> None:
         """A dispatch's control delay is over: queue its prefill, unless a loss or a drop overtook it."""
-        action = event.action
+        action: Dispatch = event.action
         if self._controlled.get(action.req.id) is not action:
             return
         del self._controlled[action.req.id]
@@ -389,10 +394,11 @@ class Cluster:
         req.record.transfer_start = start
         req.record.transfer_end = end
         self._moving[req.id] = action
-        _later(self.env, end - now, partial(self._transfer_done, action))
+        self._carry(action, end - now, self._transfer_done)
 
-    def _transfer_done(self, action: Transfer, _: object) -> None:
-        """The KV has landed (`_`: the transfer's event): the request decodes on its destination."""
+    def _transfer_done(self, event: _Carrying) -> None:
+        """A transfer's KV has landed: the request decodes on its destination."""
+        action: Transfer = event.action
         if self._moving.get(action.req.id) is not action:
             return  # an end of it was lost on the way
         del self._moving[action.req.id]

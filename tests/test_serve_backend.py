@@ -74,3 +74,23 @@ def test_a_watch_that_ends_fails_its_followers_and_later_submits() -> None:
             await backend.submit(Submission((1, 2), 32))
 
     asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_finished_request_no_stream_follows_is_forgotten_after_the_unclaimed_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused at Submit, or given up before a stream followed it: its last state must not stay forever."""
+    monkeypatch.setattr("serve.backend.UNCLAIMED_S", -1.0)  # any wait at all is too long
+
+    async def run() -> None:
+        scheduler = Scheduler()
+        backend = backend_over(scheduler)
+        followed = await backend.submit(Submission((1, 2), 64))  # stays QUEUED
+        updates = backend.stream(followed.request_id)
+        assert (await anext(updates)).status is RequestStatus.QUEUED
+        abandoned = await backend.submit(Submission((1, 2), 32))  # ends on the Watch, nobody streams it
+        await scheduler.published.put([RequestState(followed.request_id, RequestStatus.RUNNING, n_blocks=2)])
+        assert (await anext(updates)).status is RequestStatus.RUNNING
+        assert abandoned.request_id not in backend._latest and followed.request_id in backend._latest
+
+    asyncio.run(asyncio.wait_for(run(), 10))

@@ -94,10 +94,13 @@ class Undecodable(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
+        if handler.request_streaming and not handler.response_streaming:
+            return handler  # no such method
         decode = handler.request_deserializer
         method = handler_call_details.method
+        log = logging.getLogger("sangam.rpc")
 
         def request(data: bytes) -> Any:
             try:
@@ -108,15 +111,32 @@ class Undecodable(grpc.ServerInterceptor):
         def checked(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Any:
             def call(message: Any, context: grpc.ServicerContext) -> Any:
                 if message is _UNDECODABLE:
-                    logging.getLogger("sangam.rpc").warning(
-                        "undecodable %s request from %s", method, context.peer()
-                    )
+                    log.warning("undecodable %s request from %s", method, context.peer())
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not decode")
                 return behavior(message, context)
 
             return call
 
+        def streaming(behavior: Callable[[Iterator[Any], grpc.ServicerContext], Any]) -> Any:
+            def call(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+                def decoded() -> Iterator[Any]:
+                    """The requests up to an undecodable one, which sets the call's status: its handler
+                    hears the request stream end (it may read it on a thread of its own)."""
+                    for message in requests:
+                        if message is _UNDECODABLE:
+                            log.warning("undecodable %s request from %s", method, context.peer())
+                            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                            context.set_details(f"{method}: the request does not decode")
+                            return
+                        yield message
+
+                return behavior(decoded(), context)
+
+            return call
+
         serialize = handler.response_serializer
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), request, serialize)
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(checked(handler.unary_stream), request, serialize)
         return grpc.unary_unary_rpc_method_handler(checked(handler.unary_unary), request, serialize)

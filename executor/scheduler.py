@@ -297,17 +297,21 @@ class SchedulerCore:
         """The states of watched requests published from now on, in batches: what queued up since the last
         batch, the latest state of each request (a state holds all that came before it), and the answers
         to the `submits` (tag, submission) read from the stream meanwhile (each submitted with `watch`).
-        An empty batch first, once registered."""
+        An empty batch first, once registered; the last once the scheduler stops or `submits` ends."""
         updates: queue.SimpleQueue[RequestState | Submitted | None] = queue.SimpleQueue()
         with self._watchers_lock:
             self._watchers = (*self._watchers, updates)
 
         def read() -> None:
-            with suppress(grpc.RpcError):  # the stream ended: no more submits
-                for tag, sub in submits:
-                    reason = self.unavailable()
-                    answer = self.submit(replace(sub, watch=True)) if reason is None else None
-                    updates.put(Submitted(tag, answer, reason or ""))
+            """Until the client stops sending, which ends the stream."""
+            try:
+                with suppress(grpc.RpcError):  # cancelled
+                    for tag, sub in submits:
+                        reason = self.unavailable()
+                        answer = self.submit(replace(sub, watch=True)) if reason is None else None
+                        updates.put(Submitted(tag, answer, reason or ""))
+            finally:
+                updates.put(None)
 
         threading.Thread(target=read, name="watch-submits", daemon=True).start()
         try:
@@ -328,8 +332,9 @@ class SchedulerCore:
                         item = updates.get_nowait()
                     except queue.Empty:
                         break
-                yield WatchBatch(list(states.values()), submitted)
-                if item is None:  # the scheduler is stopping
+                if states or submitted:
+                    yield WatchBatch(list(states.values()), submitted)
+                if item is None:  # the scheduler is stopping, or the client has stopped sending
                     return
         finally:
             with self._watchers_lock:

@@ -150,6 +150,7 @@ class SchedulerServicer:
         it lose no update. One stream follows all of a front end's requests (`sangam serve`). After
         the first message, each the client sends is a Submit, whose reply comes back in a batch with
         the client's tag: a message on an open stream reaches the scheduler sooner than a new call.
+        The stream ends when the scheduler stops or the client stops sending.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")

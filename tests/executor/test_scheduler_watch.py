@@ -10,19 +10,29 @@ from executor.scheduler import SchedulerCore
 from executor.scheduler_state import SchedulerState
 
 PROMPT = tuple(range(1, 21))
+Sent = queue.SimpleQueue[tuple[int, Submission] | None]
+
+
+def sending(sent: Sent) -> Iterator[tuple[int, Submission]]:
+    """A client's submits on its Watch: what `sent` gets, until None (the client stops sending)."""
+    while (item := sent.get()) is not None:
+        yield item
+
+
 WORKER = Registration(0, "127.0.0.1:7000", 100, 1000, 999, (2,), "tiny", "cpu", 40, "colocated", 4096)
 
 
 def test_a_watch_starts_empty_then_sends_what_queued_up_one_latest_state_per_request() -> None:
     core = SchedulerCore(1, mask_len=64, secret="s")
+    open_: Sent = queue.SimpleQueue()
     try:
-        first = core.watch(iter(()), lambda: True)
+        first = core.watch(sending(open_), lambda: True)
         assert next(first) == WatchBatch([], [])  # registered: nothing published from now on is missed
         a0, b0 = RequestState(0, RequestStatus.QUEUED), RequestState(1, RequestStatus.QUEUED)
         a1 = RequestState(0, RequestStatus.RUNNING, blocks_done=1)
         for published in (a0, b0, a1):
             core.state.watch(published)
-        second = core.watch(iter(()), lambda: True)
+        second = core.watch(sending(open_), lambda: True)
         assert next(second) == WatchBatch([], [])
         b1 = RequestState(1, RequestStatus.DONE, blocks_done=1)
         core.state.watch(b1)
@@ -31,6 +41,8 @@ def test_a_watch_starts_empty_then_sends_what_queued_up_one_latest_state_per_req
     finally:
         core.stop()
     assert list(first) == [] and list(second) == []  # a stopping scheduler ends them
+    open_.put(None)
+    open_.put(None)
 
 
 def test_only_requests_submitted_with_watch_reach_it() -> None:
@@ -50,14 +62,9 @@ def test_only_requests_submitted_with_watch_reach_it() -> None:
 
 def test_submits_sent_on_a_watch_are_answered_on_it_under_their_tags() -> None:
     core = SchedulerCore(1, mask_len=64, secret="s")
-    sent: queue.SimpleQueue[tuple[int, Submission] | None] = queue.SimpleQueue()
-
-    def submits() -> Iterator[tuple[int, Submission]]:
-        while (item := sent.get()) is not None:
-            yield item
-
+    sent: Sent = queue.SimpleQueue()
     try:
-        stream = core.watch(submits(), lambda: True)
+        stream = core.watch(sending(sent), lambda: True)
         assert next(stream) == WatchBatch([], [])
         sent.put((7, Submission(PROMPT, 32)))  # no worker has registered
         assert next(stream) == WatchBatch([], [Submitted(7, None, "waiting for workers: 0 of 1 registered")])
@@ -66,6 +73,7 @@ def test_submits_sent_on_a_watch_are_answered_on_it_under_their_tags() -> None:
         (answer,) = next(stream).submitted
         assert answer.tag == 8 and answer.state is not None and answer.state.status is RequestStatus.ERROR
         assert answer.state.error == "empty prompt"
+        sent.put(None)  # the client stops sending: the stream ends
+        assert list(stream) == []
     finally:
-        sent.put(None)
         core.stop()

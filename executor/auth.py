@@ -7,7 +7,7 @@ Every call carries its credential as metadata `authorization: Bearer TOKEN`. Two
   scheduler and workers needs it (Register, Report, Enqueue, the worker's Shutdown), and so does the
   client port's Shutdown unless the api key is given;
 - the api key (`sangam live --api-key`, or `SANGAM_API_KEY`): with one set, every call on the client port
-  needs it (Submit, Poll, Stream, Status, Results, Shutdown).
+  needs it (Submit, Poll, Stream, Watch, Status, Results, Shutdown).
 
 The standard grpc.health.v1 service stays open on every port, so that orchestrators can probe without a
 credential. A refused call gets UNAUTHENTICATED, its payload is never decoded, and one line is logged.
@@ -116,6 +116,8 @@ class Guard(grpc.ServerInterceptor):
             return data
 
         serialize = handler.response_serializer
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse, ignore, serialize)
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(refuse, ignore, serialize)
         return grpc.unary_unary_rpc_method_handler(refuse, ignore, serialize)

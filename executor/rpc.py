@@ -49,7 +49,9 @@ class _CallDetails(NamedTuple):
     compression: grpc.Compression | None
 
 
-class _Credential(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _Credential(
+    grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamStreamClientInterceptor
+):
     """Adds fixed metadata (the bearer token) to every call of a channel."""
 
     def __init__(self, extra: Sequence[tuple[str, str]]) -> None:
@@ -67,6 +69,9 @@ class _Credential(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
     def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, requests: Any) -> Any:
+        return continuation(self._details(client_call_details), requests)
 
 
 def server(
@@ -155,23 +160,27 @@ class StreamLimit(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
-        if handler is None or not handler.response_streaming or handler.request_streaming:
+        if handler is None or not handler.response_streaming:
             return handler
-        behavior = handler.unary_stream
+        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
 
-        def limited(message: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def limited(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            """`request`: the message, or the iterator of them of a bidirectional stream."""
             peer = context.peer()
             refusal = self._enter(peer)
             if refusal is not None:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
             try:
-                yield from behavior(message, context)
+                yield from behavior(request, context)
             finally:
                 self._leave(peer)
 
-        return grpc.unary_stream_rpc_method_handler(
-            limited, handler.request_deserializer, handler.response_serializer
+        build = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.request_streaming
+            else grpc.unary_stream_rpc_method_handler
         )
+        return build(limited, handler.request_deserializer, handler.response_serializer)
 
     def _enter(self, peer: str) -> str | None:
         with self._lock:

@@ -455,7 +455,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def Watch(
         self, requests: Iterator[pb.WatchRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.StateBatch]:
-        submits = ((msg.tag, codec.submission_from_pb(msg.submit)) for msg in requests)
+        submits = ((m.tag, codec.submission_from_pb(m.submit)) for m in requests if m.HasField("submit"))
         for batch in self.core.watch(submits, context.is_active):
             yield codec.watch_batch_to_pb(batch)
 

@@ -256,8 +256,8 @@ async def first_async_update(address: str) -> RequestState:
 
 def test_open_streams_never_starve_submit_status_and_health(cluster: LocalCluster) -> None:
     """300 Streams from one connection, then 200 more from two others: the server keeps 128 per
-    connection and 192 in all, refuses the rest at once with RESOURCE_EXHAUSTED, and Submit, Status
-    and health keep answering meanwhile; the clients, refused a stream, poll. Last in this module: the
+    connection and 192 in all, refuses the rest (and a Watch) at once with RESOURCE_EXHAUSTED, and Submit,
+    Status and health keep answering meanwhile; the clients, refused a stream, poll. Last in this module: the
     server frees a cancelled stream's slot within a second, not at once."""
     one, first = hold_streams(cluster.address, 300, connections=1)
     two, second = hold_streams(cluster.address, 200, connections=2)
@@ -273,9 +273,12 @@ def test_open_streams_never_starve_submit_status_and_health(cluster: LocalCluste
             stub = pb_grpc.SchedulerStub(raw_channel := rpc.channel(cluster.address, KEY))
             with pytest.raises(grpc.RpcError) as refused:
                 next(stub.Stream(pb.RequestRef(request_id=0), timeout=5))
+            with pytest.raises(grpc.RpcError) as watch_refused:  # a Watch is a stream too
+                next(stub.Watch(iter(()), timeout=5))
             raw_channel.close()
-            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "too many open streams" in (refused.value.details() or "")
+            for err in (refused.value, watch_refused.value):
+                assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "too many open streams" in (err.details() or "")
             # the clients, refused a stream, poll instead
             assert next(iter(client.stream(0, timeout=5))).status == "RUNNING"
             assert client.wait(10**9, timeout=5).status == "NOT_FOUND"

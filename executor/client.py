@@ -16,6 +16,7 @@ typed values.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -259,7 +260,7 @@ class AsyncSangamClient:
     def watch(self) -> WatchStream:
         """A Watch stream: requests submitted on it, and the updates of every request submitted with
         `watch` set from the call on."""
-        return WatchStream(self._stub.Watch(metadata=self._metadata), self.address)
+        return WatchStream(self._stub.Watch(metadata=self._metadata), self.address, self.timeout, self.cancel)
 
     async def poll(self, request_id: int) -> RequestState:
         state = await self._call("Poll", self._stub.Poll(codec.request_ref(request_id), **self._options()))
@@ -287,31 +288,57 @@ class AsyncSangamClient:
 
 class WatchStream:
     """One Watch call (no deadline: it lasts as long as the client wants). `submit` sends a request on it
-    and waits for its answer, which `batches` reads: nothing is answered while no task reads them."""
+    and waits up to `timeout` for its answer, which `batches` reads: nothing is answered while no task
+    reads them. A request answered after its caller gave up (timed out, or cancelled) is accepted with
+    nobody to follow it, so it is given up at the scheduler with `cancel`."""
 
-    def __init__(self, call: Any, address: str) -> None:
+    def __init__(
+        self, call: Any, address: str, timeout: float, cancel: Callable[[int], Awaitable[object]]
+    ) -> None:
         self.address = address
+        self.timeout = timeout
         self._call = call
+        self._cancel = cancel
         self._tags = itertools.count(1)
         self._answers: dict[int, asyncio.Future[RequestState]] = {}
         self._writing = asyncio.Lock()  # one message at a time on the stream
         self._ended: SangamError | None = None
+        self._cancels: set[asyncio.Task[None]] = set()
 
     async def submit(self, submission: Submission) -> RequestState:
         """Queue a request (as watched): its first state (status ERROR and the reason for bad input);
-        `SangamError` with code UNAVAILABLE when the scheduler takes none now, or when the stream ended."""
+        `SangamError` with code UNAVAILABLE when the scheduler takes none now or the stream ended, and
+        DEADLINE_EXCEEDED when no answer came in time."""
         if self._ended is not None:
             raise self._ended
         tag = next(self._tags)
         answer = self._answers[tag] = asyncio.get_running_loop().create_future()
         try:
-            async with self._writing:
-                await self._call.write(codec.watch_submit(tag, submission))
-            return await answer
-        except (grpc.RpcError, asyncio.InvalidStateError) as err:  # the call is over
-            raise self._ended or SangamError(f"{self.address}: Watch: {err}", "UNAVAILABLE") from None
+            # shielded: grpc.aio cancels the whole call when a write is cancelled
+            await asyncio.shield(self._send(codec.watch_submit(tag, submission)))
+            return await asyncio.wait_for(asyncio.shield(answer), self.timeout)
+        except TimeoutError:
+            raise SangamError(
+                f"{self.address}: Submit: no answer within {self.timeout:g} s", "DEADLINE_EXCEEDED"
+            ) from None
         finally:
             self._answers.pop(tag, None)
+
+    async def _send(self, message: Any) -> None:
+        async with self._writing:
+            try:
+                await self._call.write(message)
+            except (grpc.RpcError, asyncio.InvalidStateError) as err:  # the call is over
+                raise self._ended or SangamError(f"{self.address}: Watch: {err}", "UNAVAILABLE") from None
+
+    def _give_up(self, request_id: int) -> None:
+        async def cancel() -> None:
+            with contextlib.suppress(SangamError):  # the scheduler is gone: so is the request
+                await self._cancel(request_id)
+
+        task = asyncio.get_running_loop().create_task(cancel())
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def batches(self) -> AsyncIterator[list[RequestState]]:
         """The updates of every watched request, in batches (the latest state of each that changed); an
@@ -321,8 +348,10 @@ class WatchStream:
                 batch = codec.watch_batch_from_pb(message)
                 for submitted in batch.submitted:
                     answer = self._answers.get(submitted.tag)
-                    if answer is None or answer.done():
-                        continue  # its caller gave up
+                    if answer is None or answer.done():  # its caller gave up
+                        if submitted.state is not None and not submitted.state.finished:
+                            self._give_up(submitted.state.request_id)
+                        continue
                     if submitted.state is None:
                         answer.set_exception(
                             SangamError(f"{self.address}: Submit: {submitted.unavailable}", "UNAVAILABLE")

@@ -136,15 +136,18 @@ class Output:
 
     def _decode(self) -> str:
         """The text of all the ids: the settled text, then the ids after it decoded with the last few
-        settled ones as context; what it ends with settles unless it is an incomplete character."""
+        settled ones as context, unless the context has no text (special tokens: a decoder would then
+        take the first new token for the text's first, whose leading space it drops) or the new ids
+        changed it; then all the ids. It settles unless it holds a U+FFFD (an incomplete character, or
+        bytes a later one may turn into U+FFFDs with it)."""
         start = max(0, self._settled - CONTEXT_IDS)
         context = self.tokenizer.decode(self.ids[start : self._settled])
         window = self.tokenizer.decode(self.ids[start:])
-        if window.startswith(context):
+        if (context or not start) and window.startswith(context):
             text = self._settled_text + window[len(context) :]
-        else:  # the new ids changed the context's text: decode them all
-            text = self.tokenizer.decode(self.ids)
-        if not text.endswith("\ufffd"):
+        else:
+            text = window = self.tokenizer.decode(self.ids)
+        if "\ufffd" not in window:
             self._settled, self._settled_text = len(self.ids), text
         return text
 

@@ -291,6 +291,27 @@ def test_each_block_decodes_its_own_ids_not_the_whole_output_again() -> None:
     assert sum(decoded) < 64 * 2 * (32 + 2 * CONTEXT_IDS)  # the whole output each block: 66,560 ids
 
 
+def test_special_tokens_before_a_block_keep_the_space_a_sentencepiece_decoder_puts() -> None:
+    """A Metaspace decoder drops the leading space of a text's first token: decoding a block after
+    context ids that are all special (skipped) would glue it to the text before."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    vocab = {"<s>": 0, "\u2581a": 1, "\u2581b": 2, "<unk>": 3}
+    piece = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    piece.add_special_tokens([AddedToken("<s>", special=True)])
+    piece.decoder = decoders.Metaspace()
+
+    class Pieces:
+        def decode(self, ids: Sequence[int]) -> str:
+            text: str = piece.decode(list(ids), skip_special_tokens=True)
+            return text
+
+    output = Output(Pieces(), (), 100)  # type: ignore[arg-type]  # decode is all it uses
+    blocks = [[1], [0, 0, 0, 0], [2]]
+    joined = "".join(output.add_block(block, i == 2) for i, block in enumerate(blocks))
+    assert joined == Pieces().decode([1, 0, 0, 0, 0, 2]) == "a b"
+
+
 def test_split_character_waits_for_its_last_byte() -> None:
     euro = TOKENIZER.encode("€")  # three bytes, three ids (no merge learnt for it)
     assert len(euro) == 3

@@ -41,6 +41,7 @@ ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    415: "UnsupportedMediaTypeError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -491,7 +492,14 @@ M = TypeVar("M", bound=BaseModel)
 
 async def parsed(request: Request, model: type[M]) -> M:
     """The request's JSON body as `model` (parsed and validated by pydantic in one pass, without FastAPI's
-    body machinery, which took most of a millisecond); APIError(400) naming the first bad field."""
+    body machinery, which took most of a millisecond); APIError(400) naming the first bad field. A body
+    sent as another media type is refused (415), as FastAPI does: a web page may send any site a form
+    or text body without asking first, but not a JSON one."""
+    kind = request.headers.get("content-type")
+    if kind is not None:
+        media = kind.partition(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise APIError(415, f"the body must be JSON (Content-Type: application/json), not {media}")
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as err:

@@ -149,8 +149,15 @@ def test_a_body_that_is_not_a_request_gets_400(fake: tuple[str, FakeBackend]) ->
         response = httpx.post(url + "/v1/completions", content=body, timeout=10)
         assert response.status_code == 400, (body, response.text)
         assert needle in error_of(response), (body, error_of(response))
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        response = httpx.post(url + "/v1/completions", content=body, headers={"content-type": kind})
+        assert response.status_code == 415 and "must be JSON" in error_of(response), kind
     assert len(backend.submitted) == before
     assert post(url, "/v1/completions", {"prompt": "x", "max_tokens": 1}).status_code == 200
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = httpx.post(url + "/v1/completions", content=body, headers={"content-type": kind})
+        assert response.status_code == 200, kind
 
 
 def test_the_openai_client_raises_bad_request(fake: tuple[str, FakeBackend]) -> None:

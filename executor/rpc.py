@@ -19,6 +19,7 @@ from concurrent import futures
 from typing import Any, NamedTuple
 
 import grpc
+import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from executor.auth import metadata
@@ -242,9 +243,10 @@ def check_health(ch: grpc.Channel, timeout: float = HEALTH_TIMEOUT_S) -> str | N
 
 
 def describe(err: grpc.RpcError) -> str:
-    """A one-line description of a failed call."""
-    code = err.code() if isinstance(err, grpc.Call) else None
-    details = err.details() if isinstance(err, grpc.Call) else str(err)
+    """A one-line description of a failed call (a sync call's error, or grpc.aio's `AioRpcError`)."""
+    known = isinstance(err, (grpc.Call, grpc.aio.AioRpcError))
+    code = err.code() if known else None
+    details = err.details() if known else str(err)
     name = code.name if code is not None else "ERROR"
     return f"{name}: {(details or '').splitlines()[0] if details else 'no details'}"
 

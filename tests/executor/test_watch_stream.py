@@ -1,14 +1,17 @@
 """`WatchStream`, the client side of a bidirectional Watch, over a fake call: Submits answered under their
-tags, a Submit no answer reaches in time, and a request answered after its caller gave up."""
+tags, a Submit no answer reaches in time, and a request answered after its caller gave up; how a grpc.aio
+call's failure is described."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
+import grpc.aio
 import pytest
 
-from executor import codec
+from executor import codec, rpc
 from executor.client import SangamError, WatchStream
 from executor.messages import RequestState, RequestStatus, Submission, Submitted, WatchBatch
 from executor.proto import sangam_pb2 as pb
@@ -73,3 +76,10 @@ def test_a_submit_no_answer_reaches_times_out_and_its_late_acceptance_is_cancell
         reading.cancel()
 
     asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_an_aio_call_error_is_described_by_its_code_and_first_line() -> None:
+    err = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="refused\nmore"
+    )
+    assert rpc.describe(err) == "UNAVAILABLE: refused"

@@ -219,6 +219,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         started = time.monotonic()
         limits = ready()
         body = await parsed(request, api.CompletionRequest)
+        texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        check_text_length(sum(len(t) for t in texts if isinstance(t, str)), tokenizer, limits)
         prompt = completion_prompt(body.prompt, tokenizer)
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"cmpl-{uuid.uuid4().hex}"
@@ -259,6 +261,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                                f"(known: {', '.join(api.ROLES)})", f"messages.{i}.role")  # fmt: skip
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
+        check_text_length(sum(len(m.text) for m in body.messages), tokenizer, limits)
         prompt = tokenizer.chat_prompt([Message(m.role, m.text) for m in body.messages])
         job = await admit(body, prompt, limits, started)
         name, created, rid = body.model or limits.model, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
@@ -452,6 +455,21 @@ def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> 
             f"worker holds {limits.pages}", "prompt",
         )  # fmt: skip
     return max_tokens
+
+
+TEXT_SLACK = 2  # a normaliser may shrink a text before it is tokenized (composed characters)
+
+
+def check_text_length(chars: int, tokenizer: TextTokenizer, limits: Limits) -> None:
+    """Refuse a prompt of more characters than its room in the context window can hold at the longest
+    token's length, before it is tokenized: tokenizing holds the event loop (and the GIL, so a thread does
+    not help; a 4 MB prompt held every other request for 6 s)."""
+    room = limits.context_len - limits.mask_len
+    if chars > TEXT_SLACK * tokenizer.longest_token * room:
+        raise APIError(
+            400, f"the prompt is too long: {chars} characters cannot fit in the {room} tokens the model's "
+            f"context window leaves beside the {limits.mask_len}-token mask buffer", "prompt",
+        )  # fmt: skip
 
 
 def completion_prompt(

@@ -34,6 +34,7 @@ class TextTokenizer(Protocol):
 
     name: str  # where it came from, for logs
     eos_id: int | None
+    longest_token: int  # characters of the longest entry of the vocabulary, added tokens included
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, with no special tokens added."""
@@ -56,6 +57,7 @@ class BuiltinTokenizer:
         self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         config = json.loads((directory / "tokenizer_config.json").read_text())
         self.eos_id = self._tokenizer.token_to_id(config["eos_token"])
+        self.longest_token = max(map(len, self._tokenizer.get_vocab()))
         env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
         self._template = env.from_string(config["chat_template"])
 
@@ -86,6 +88,7 @@ class PretrainedTokenizer:
         except (OSError, ValueError) as err:
             raise ValueError(f"--tokenizer {directory}: cannot load a tokenizer: {err}") from None
         self.eos_id = self._tokenizer.eos_token_id
+        self.longest_token = max(map(len, self._tokenizer.get_vocab()))
         if not getattr(self._tokenizer, "chat_template", None):
             raise ValueError(f"--tokenizer {directory}: the tokenizer has no chat template")
 

@@ -120,6 +120,9 @@ def test_bad_inputs_get_400_with_openai_error_json(fake: tuple[str, FakeBackend]
         "the model's context window of 512": ("/v1/completions", {"prompt": [1] * too_long_for_context}),
         "for a worker's KV pool": ("/v1/completions", {"prompt": [1] * too_long_for_pages}),
         "one prompt per request, got 2": ("/v1/completions", {"prompt": ["a", "b"]}),
+        # refused by length before the tokenizer, which would hold everyone else meanwhile
+        "12000 characters cannot fit in the 384 tokens": ("/v1/completions", {"prompt": "ab " * 4000}),
+        "12000 characters cannot fit ": (chat, {"messages": [{"role": "user", "content": "ab " * 2000}] * 2}),
         "temperature": (chat, {"messages": user, "temperature": -1}),
         "threshold": (chat, {"messages": user, "threshold": 1.5}),
         "forwards_per_block": (chat, {"messages": user, "forwards_per_block": 33}),

@@ -112,6 +112,9 @@ class Output:
         return len(self.ids) + self.eos  # the EOS counts as generated, as in vLLM
 
     def add_block(self, block: Sequence[int], last: bool) -> str:
+        """The text `block` adds; nothing once the output is final (EOS, a stop, or max_tokens)."""
+        if self.finish is not None:
+            return ""
         before = len(self.ids)
         for token in block:
             if token in self.eos_ids:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import httpx
 import openai
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
@@ -277,6 +277,7 @@ def test_metrics_parse_and_count_a_finished_request() -> None:
 
 
 @given(st.lists(st.integers(0, 297), min_size=1, max_size=200), st.integers(1, 200))
+@example(ids=[0] * 33, max_tokens=1)  # a block after the output ended at max_tokens adds nothing
 def test_block_texts_join_to_the_whole_text(ids: list[int], max_tokens: int) -> None:
     """Whatever bytes the blocks split (an incomplete UTF-8 character at a block's end included)."""
     output = Output(TOKENIZER, (EOS,), max_tokens)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from mypy_extensions import mypyc_attr
+
 from profiles.shapes import Shape
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
@@ -26,6 +28,7 @@ TERMS = (
 )  # fmt: skip
 
 
+@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class Coefficients:
     overhead: float
@@ -43,6 +46,7 @@ class Coefficients:
         return replace(self, knee=self.knee * bandwidth_ratio, per_context=self.per_context * bandwidth_ratio)
 
 
+@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class Features:
     graph: float

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from sangam.hardware import BLOCK
 from sangam.kv import Pages
 from sangam.request import Request
@@ -33,6 +35,7 @@ class Policy(StrEnum):
     FASTDLLM = "fastdllm"  # one request at a time (the paper's in-system Fast-dLLM)
 
 
+@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class BatchConfig:
     """How one worker forms microbatches."""

@@ -401,7 +401,8 @@ class Router:
         """Of `workers` with `pages` free and fewer than `limit` outstanding prefill tokens, the one
         with the fewest (ties broken at random); None if there is none."""
         free, load = self.free, self.outstanding
-        least, ties = limit, []  # one loop, not comprehensions: this runs for every block
+        least: int | float = limit  # (a union: mypyc keeps int and float apart)
+        ties: list[int] = []  # one loop, not comprehensions: this runs for every block
         for w in workers:
             tokens = load[w]
             if tokens <= least and free[w] >= pages:

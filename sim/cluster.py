@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 import simpy
+from mypy_extensions import mypyc_attr
 from simpy.events import NORMAL, URGENT, EventPriority
 
 from sangam.batcher import NOTHING_DONE, BatchConfig, Batcher, Microbatch, Outcome
@@ -39,6 +40,7 @@ from sangam.results import iteration_row
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
 
+@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A pairwise GPU link: transfer time = bytes / bandwidth + latency."""
@@ -54,6 +56,7 @@ class LinkSpec:
         return nbytes / (self.gb_per_s * 1e9) + self.latency_s
 
 
+@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     layout: Layout

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sangam import compiled
 from sangam.args import positive_int
 from sangam.config import RunConfig, load_progress, workload_points
 from sangam.cost import CostModel
@@ -216,10 +217,16 @@ def code_version(root: Path = ROOT) -> str:
     digest = hashlib.sha256()
     for package in SOURCES:
         for path in sorted((root / package).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            if path.is_file() and "__pycache__" not in path.parts and not _built(path):
                 digest.update(path.relative_to(root).as_posix().encode() + b"\0")
                 digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def _built(path: Path) -> bool:
+    """Made from the sources by Python or by the install (sangam/compiled.py), which can differ
+    between machines with the same sources."""
+    return path.suffix in (".pyc", ".so") or path.name == compiled.MANIFEST
 
 
 def file_digest(path: Path) -> str:

@@ -149,3 +149,18 @@ def test_a_sweep_models_its_testbed_and_time_scale_and_the_cache_tells_them_apar
     capsys.readouterr()
     assert main(["sweep", "--testbed", "reference-h100", "--gpu", "h200", "--out", str(tmp_path)]) == 2
     assert "models the h100, not --gpu h200" in capsys.readouterr().err
+
+
+def test_the_code_version_hashes_sources_and_data_not_what_the_install_built(tmp_path: Path) -> None:
+    from sim.sweep import SOURCES, code_version
+
+    for package in SOURCES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "a.py").write_text("A = 1\n")
+    (tmp_path / "profiles" / "data.json").write_text("{}")
+    version = code_version.__wrapped__(tmp_path)  # (uncached: a process reads its own sources once)
+    (tmp_path / "sim" / "a.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF built on this machine")
+    (tmp_path / "sangam" / "compiled.json").write_text('{"sim.a": "..."}')
+    assert code_version.__wrapped__(tmp_path) == version
+    (tmp_path / "profiles" / "data.json").write_text('{"b": 2}')
+    assert code_version.__wrapped__(tmp_path) != version

@@ -19,6 +19,7 @@ import resource
 import time
 from contextlib import closing
 
+from sangam import compiled
 from sangam.args import positive_int
 from sangam.config import RunConfig
 from sim.engines import LocalPool
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--requests", type=positive_int, default=4000)
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(f"hot modules: {compiled.status()}", flush=True)  # uncompiled, a point takes about twice as long
     if args.part in ("point", "all"):
         print(run_one(args.requests), flush=True)
     if args.part in ("grid", "all"):

@@ -24,8 +24,11 @@ from types import ModuleType
 MODULES = (
     "sangam.batcher",
     "sangam.kv",
+    "sangam.progress",
     "sangam.request",
+    "sangam.results",
     "sangam.router",
+    "sangam.workload",
     "sim.cluster",
     "profiles.measured",
 )

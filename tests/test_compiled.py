@@ -99,3 +99,23 @@ def test_an_install_with_a_c_compiler_compiled_the_modules() -> None:
         pytest.skip(status)  # a working tree being edited
     assert status == "compiled"
     assert all(path.endswith(".so") for path in _run(FILES).split())
+
+
+def test_frozen_dataclasses_of_the_compiled_modules_stay_python_classes() -> None:
+    """Process pools and Ray pickle them, and a frozen native class cannot be unpickled; a Python
+    class with slots keeps its fields in member descriptors, a native one in getset descriptors."""
+    import dataclasses
+    import importlib
+    import inspect
+    import types
+
+    frozen = [
+        cls
+        for module in compiled.MODULES
+        for _, cls in inspect.getmembers(importlib.import_module(module), inspect.isclass)
+        if cls.__module__ == module and dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+    ]
+    assert len(frozen) >= 10
+    for cls in frozen:
+        for field in dataclasses.fields(cls):
+            assert isinstance(cls.__dict__[field.name], types.MemberDescriptorType), (cls, field.name)

@@ -333,6 +333,19 @@ def test_same_seed_same_result(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["4C", "2P2D", "2P2C"])
 def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from sangam import compiled
+
+    if compiled.status() == "compiled":  # compiled callers never see a patched method: run it uncompiled
+        test = f"{__file__}::test_decode_stretches_match_iteration_by_iteration[{mode}]"
+        env = os.environ | {"SANGAM_PURE_PYTHON": "1"}
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:]
+        return
     rng = random.Random(4)
     base = [
         make_request(
@@ -345,13 +358,17 @@ def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: p
     run_cluster(stretched, mode, cost=cost, theta=2000)
     formed = Batcher.next_microbatch
 
+    calls = []
+
     def one_at_a_time(self: Batcher, now: float) -> Microbatch | None:
+        calls.append(now)
         mb = formed(self, now)
         return None if mb is None else dataclasses.replace(mb, repeats=1)
 
     monkeypatch.setattr(Batcher, "next_microbatch", one_at_a_time)
     stepped = clone(base)
     run_cluster(stepped, mode, cost=cost, theta=2000)
+    assert calls  # the patch took
     for a, b in zip(timeline(stretched), timeline(stepped), strict=True):
         assert [x is None for x in a] == [y is None for y in b]
         assert [x for x in a if x is not None] == pytest.approx(

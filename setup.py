@@ -1,6 +1,7 @@
-"""Compiles the simulator's hot modules (`sangam.compiled.MODULES`) with mypyc: a simulated point
-runs in about half the time. Where they cannot be compiled (no C compiler), the install goes on
-and they run as Python; `sangam.compiled` also runs them as Python once their sources change."""
+"""The native build, asked for with `SANGAM_NATIVE=1 pip install ...`: mypyc compiles the simulator's hot
+modules (`runs.build.NATIVE_MODULES`), so a simulated point runs in about half the time, and records the
+hash of each source it compiled. Asked for and impossible (no C compiler), the install fails. Without
+`SANGAM_NATIVE` nothing is compiled and the modules run as Python."""
 
 import json
 import os
@@ -9,29 +10,28 @@ import runpy
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-COMPILED = runpy.run_path(os.path.join("sangam", "compiled.py"))
+BUILD = runpy.run_path(os.path.join("runs", "build.py"))
+NATIVE = os.environ.get("SANGAM_NATIVE", "") not in ("", "0")
 
 
-class OptionalBuildExt(build_ext):
-    """Builds the extensions and records the hashes of their sources; warns instead of failing."""
+class NativeBuild(build_ext):
+    """Builds the extensions, then records the hashes of their sources (`runs/native.json`)."""
 
     def run(self) -> None:
-        try:
-            super().run()
-        except Exception as error:  # no compiler, or one that fails: run from source
-            print(f"warning: sangam's hot modules run uncompiled ({error})")
-            return
-        hashes = {module: COMPILED["source_hash"](module) for module in COMPILED["MODULES"]}
-        target = os.path.join("sangam" if self.inplace else os.path.join(self.build_lib, "sangam"))
-        with open(os.path.join(target, COMPILED["MANIFEST"]), "w") as f:
+        super().run()
+        hashes = {m: BUILD["source_hash"](m, BUILD["ROOT"]) for m in BUILD["NATIVE_MODULES"]}
+        target = "runs" if self.inplace else os.path.join(self.build_lib, "runs")
+        with open(os.path.join(target, "native.json"), "w") as f:
             json.dump(hashes, f, indent=1, sort_keys=True)
 
 
 def extensions() -> list:
+    if not NATIVE:
+        return []
     from mypyc.build import mypycify
 
-    paths = [os.path.join(*module.split(".")) + ".py" for module in COMPILED["MODULES"]]
+    paths = [os.path.join(*m.split(".")) + ".py" for m in BUILD["NATIVE_MODULES"]]
     return mypycify(paths, group_name="sangam_native")
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=extensions(), cmdclass={"build_ext": NativeBuild})

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from app.sweep import PointResult
-from sangam.results import PARTS, REQUEST_COLUMNS
+from runs.results import PARTS, REQUEST_COLUMNS
 
 KNEE_RULE = (
     "The knee of a layout is the highest swept QPS up to which every swept rate keeps the p99 end-to-end "

@@ -17,8 +17,8 @@ import pandas as pd
 
 from app.inputs import InputError
 from app.sweep import WORKERS
-from sangam.config import DATASETS, RunConfig
-from sangam.tally import Watcher
+from runs.config import DATASETS, RunConfig
+from runs.tally import Watcher
 from sim.engines import LocalPool
 from sim.options import SimOptions
 from sim.search import Answer, SearchOptions, Slo, parse_slo, search

@@ -12,8 +12,8 @@ from app.inputs import InputError, Setup, UploadedTrace, build_setup, default_ma
 from app.sweep import COSTS, PointResult, profile_label
 from app.ui import COST_LABELS, chart, run_points
 from profiles.testbeds import known_testbeds
-from sangam.batcher import Policy
-from sangam.config import DATASETS, RunConfig
+from runs.config import DATASETS, RunConfig
+from sangam.budget import Policy
 from sangam.hardware import GPUS, MODELS
 from sangam.layout import parse_mode
 from sangam.progress import DEFAULT_PROGRESS

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.sweep import COSTS, PointSpec, point_specs, profile_pages
-from profiles.testbeds import load_testbed, testbed_options
-from sangam.batcher import Policy
-from sangam.config import CONTROL_MS, RunConfig
+from profiles.testbeds import load_testbed
+from runs.config import CONTROL_MS, RunConfig
+from runs.traces import TraceError, read_trace
+from sangam.budget import Policy
 from sangam.layout import parse_mode
 from sangam.progress import parse_progress
-from sangam.traces import TraceError, read_trace
 from sangam.workload import TraceRow
 from sim.cluster import LinkSpec
+from sim.options import options_on_testbed
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
 TRACE_SUFFIXES = ("csv", "jsonl", "json")
@@ -149,7 +150,7 @@ def check_progress(spec: str) -> str:
 
 
 def read_uploaded_trace(name: str, data: bytes) -> UploadedTrace:
-    """An uploaded .csv or .jsonl trace, checked by `sangam.traces.read_trace`."""
+    """An uploaded .csv or .jsonl trace, checked by `runs.traces.read_trace`."""
     base = Path(name).name or "trace"
     if Path(base).suffix.lower().lstrip(".") not in TRACE_SUFFIXES:
         raise InputError(f"{base}: a trace file must end in .csv, .jsonl or .json")
@@ -201,7 +202,7 @@ def build_setup(
             bed = load_testbed(testbed)
             gpu = bed.gpu
             progress = progress or bed.progress_spec(model, trace if trace != "upload" else "sharegpt")
-            options = testbed_options(bed, {})
+            options = options_on_testbed(bed, {})
             link, control_s = options.link_spec(), options.control_ms / 1000
             arrival_clip = bed.arrival.clip if arrival_cv is None else None
         except ValueError as err:

@@ -10,7 +10,7 @@ from app.inputs import InputError, check_progress
 from app.live_data import FILES, LiveRun, comparison_frame, load_directory, load_files, twin_spec
 from app.sweep import COSTS, PointResult, PointSpec
 from app.ui import COST_LABELS, chart, run_points
-from sangam.results import PARTS, REQUEST_COLUMNS
+from runs.results import PARTS, REQUEST_COLUMNS
 
 STATE = "live_compare"  # session_state key: (LiveRun, sim PointResult)
 

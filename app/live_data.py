@@ -17,10 +17,10 @@ import pandas as pd
 
 from app.inputs import InputError
 from app.sweep import PointSpec
-from sangam.batcher import Policy
-from sangam.config import RunConfig
+from runs.config import RunConfig
+from runs.results import METRICS
+from sangam.budget import Policy
 from sangam.hardware import BLOCK
-from sangam.results import METRICS
 from sangam.workload import TraceRow, check_steps
 from sim.cluster import LinkSpec
 

@@ -18,9 +18,9 @@ from app.capacity import (
 from app.inputs import InputError
 from app.sweep import COSTS, WORKERS, profile_label
 from app.ui import COST_LABELS, chart
-from sangam.config import DATASETS
+from runs.config import DATASETS
+from runs.tally import Tally
 from sangam.hardware import GPUS, MODELS
-from sangam.tally import Tally
 
 DEFAULTS = CapacityQuery()
 STATE = "capacity"  # session_state key of the last search: a Capacity

@@ -20,11 +20,11 @@ from app.series import WorkerSeries, record_table, worker_series
 from profiles.analytic import AnalyticCostModel
 from profiles.store import Profile, default_cost_model
 from profiles.testbeds import load_testbed, testbed_cost_model
-from sangam.config import CONTROL_MS, RunConfig, synthetic_rows, with_arrival_times
+from runs.config import CONTROL_MS, RunConfig, synthetic_rows, with_arrival_times
+from runs.results import REQUEST_COLUMNS, request_row
 from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.progress import parse_progress
-from sangam.results import REQUEST_COLUMNS, request_row
 from sangam.workload import TraceRow
 from sim.cluster import LinkSpec
 from sim.run import simulate
@@ -66,7 +66,7 @@ class PointResult:
     layout: str  # the layout's name, e.g. 8C, 5P3D
     qps: float
     seed: int
-    summary: dict[str, Any]  # sangam.results.summarize, plus the resolved config
+    summary: dict[str, Any]  # runs.results.summarize, plus the resolved config
     requests: tuple[tuple[Any, ...], ...]  # one row per request, columns REQUEST_COLUMNS
     series: WorkerSeries
     sim_wall_s: float

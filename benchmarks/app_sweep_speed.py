@@ -11,7 +11,7 @@ import argparse
 import time
 
 from app.sweep import COSTS, WORKERS, point_specs, profile_pages, run_sweep
-from sangam.config import RunConfig
+from runs.config import RunConfig
 
 LAYOUTS = ("8C", "5P3D", "3P5C")
 RATES = tuple(float(q) for q in range(4, 14))  # 4..13 QPS: from light load to past every knee

@@ -40,13 +40,13 @@ from typing import Any
 
 from executor.client import SangamClient, SangamError
 from executor.ports import free_port
-from sangam.args import positive_float, positive_int
+from runs.args import positive_float, positive_int
+from runs.config import RunConfig, with_arrival_times
+from runs.traces import read_trace
 from sangam.batcher import Microbatch
-from sangam.config import RunConfig, with_arrival_times
 from sangam.faults import Failure
 from sangam.layout import Kind, Role, parse_mode
 from sangam.progress import parse_progress
-from sangam.traces import read_trace
 from sim.run import simulate
 
 MASK_LEN = 128

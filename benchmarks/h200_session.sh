@@ -19,7 +19,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
     timeout "$limit" "$@"; local rc=$?; echo "## $name: exit $rc after $((SECONDS - t0)) s"; return $rc; }
 
 step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
-step measure 90 python3 -m profiles.link_fit measure --name h200-gloo-shared --device cuda:0 \
+step measure 90 python3 -m calib.link_fit measure --name h200-gloo-shared --device cuda:0 \
     --transport gloo --repeats 3 --limit 80 --out "$OUT" \
     --note "two worker processes sharing one H200: gloo over loopback TCP, staged through pinned host memory"
 step live 230 python3 -m cli.main live --mode 1P1C --gpus 0,0 --gpu h200 --model dream-7b \

@@ -7,7 +7,7 @@ iteration kind (decode-only by batch size, prefill-only, mixed) the count, the m
 (`profiles.store.live_seconds`: host work included, to the next start where the loop went straight on),
 the mean GPU time of the forward, and the profile's error on them;
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
-was idle meanwhile (`sangam.config.CONTROL_MS` is what the simulator charges).
+was idle meanwhile (`runs.config.CONTROL_MS` is what the simulator charges).
 """
 
 from __future__ import annotations

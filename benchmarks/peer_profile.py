@@ -11,8 +11,9 @@ runs in its own process, with none of our packages importable:
 `probe` drives the shared `ref_probe.py` (which builds the reference's own model, KV pool, packing,
 FlashInfer plans, CUDA graphs and sampler, and times `ColocatedWorkerServicer._do_run_mixed_iteration_local`)
 with two changes made from outside: the shapes are our grid's, and every timed call follows the same filler
-of serving-like work that `profiles.runner` runs before each of our timed steps (one 1024-token prefill, then
-four one-decode steps at context 1819), so both executors meet each shape in the same GPU power state.
+of serving-like work that `calib.profile_runner` runs before each of our timed steps (one 1024-token
+prefill, then four one-decode steps at context 1819), so both executors meet each shape in the
+same GPU power state.
 `store` writes `<out>/<model>.csv` (our profile format: items, seconds) and `<out>/<model>.meta.json`;
 `compare --ours A.csv --reference B.csv` prints the reference's time over ours per kind of shape.
 `benchmarks/h200_peer.sh` runs the steps on the H200, ours and the reference's in the same call.
@@ -73,7 +74,7 @@ DREAM_TINY = {
 
 
 def shapes(args: argparse.Namespace) -> int:
-    from profiles.runner import grid
+    from calib.profile_runner import grid
     from sangam.hardware import kv_pages, lookup_gpu, lookup_model
 
     pages = args.pages or kv_pages(lookup_model(args.model), lookup_gpu(args.gpu))

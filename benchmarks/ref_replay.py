@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sangam.config import RunConfig, with_arrival_times
-from sangam.traces import write_trace
+from runs.config import RunConfig, with_arrival_times
+from runs.traces import write_trace
 from sangam.workload import TraceRow, sample_lengths
 
 STATS = ("mean", "median", "p99")

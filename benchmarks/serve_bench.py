@@ -54,7 +54,7 @@ from benchmarks.http_stream import Client
 from executor.client import AsyncSangamClient, SangamError
 from executor.messages import Submission
 from executor.ports import free_port
-from sangam.args import positive_float, positive_int
+from runs.args import positive_float, positive_int
 from sangam.hardware import BLOCK
 from sangam.workload import TraceRow, sample_lengths, with_arrivals
 

@@ -42,7 +42,7 @@ from benchmarks.serve_bench import wait_healthy
 from executor.client import AsyncSangamClient
 from executor.messages import Submission
 from executor.ports import free_port
-from sangam.args import positive_int
+from runs.args import positive_int
 from sangam.hardware import BLOCK
 
 STARTUP_S = 300.0

@@ -12,8 +12,8 @@ import argparse
 import time
 
 from profiles.store import default_cost_model
-from sangam.args import positive_float, positive_int
-from sangam.config import RunConfig, synthetic_rows
+from runs.args import positive_float, positive_int
+from runs.config import RunConfig, synthetic_rows
 from sangam.cost import CostModel
 from sangam.workload import TraceRow
 from sim.run import SimResult, simulate

@@ -19,9 +19,9 @@ import resource
 import time
 from contextlib import closing
 
+from runs.args import positive_int
+from runs.config import RunConfig
 from sangam import compiled
-from sangam.args import positive_int
-from sangam.config import RunConfig
 from sim.engines import LocalPool
 from sim.options import SimOptions
 from sim.search import SearchOptions, parse_slo, search

@@ -9,8 +9,8 @@ import argparse
 import random
 import statistics
 
-from sangam.args import positive_int
-from sangam.results import percentile
+from runs.args import positive_int
+from runs.results import percentile
 from sangam.workload import sample_lengths
 
 TABLE_1 = {  # (median, p99, std) of prompt and output tokens

@@ -28,11 +28,11 @@ from typing import Any
 
 from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
+from profiles.testbed import ProgressEntry, Sourced, Testbed
+from runs.options import option
 from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import BLOCK
-from sangam.options import option
 from sangam.progress import counts_spec
-from sangam.testbed import ProgressEntry, Sourced, Testbed
 from sangam.workload import MASK_LEN
 
 TRIALS = BLOCK - 1  # a block's forwards are 1 + BetaBinomial(31, a, b)
@@ -370,7 +370,7 @@ def read_blocks(dirs: Sequence[Path]) -> dict[tuple[str, str], list[int]]:
                 "runs with --unmask threshold"
             )
         if trace not in MASK_LEN:
-            trace = "sharegpt"  # a trace file's requests are modelled as ShareGPT's (sangam.testbed)
+            trace = "sharegpt"  # a trace file's requests are modelled as ShareGPT's (profiles.testbed)
         with blocks.open(newline="") as f:
             forwards = [int(row["forwards"]) for row in csv.DictReader(f) if row.get("forwards")]
         if not forwards:

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from profiles.store import Profile
-from profiles.testbeds import scaled_cost_model, testbed_config, testbed_options, unscaled_cost_model
-from sangam.batcher import Policy
-from sangam.config import RunConfig, RunFiles, synthetic_rows
+from profiles.testbed import Testbed
+from profiles.testbeds import scaled_cost_model, testbed_config, unscaled_cost_model
+from runs.config import RunConfig, RunFiles, synthetic_rows
+from sangam.budget import Policy
 from sangam.cost import CostModel, TimeScales
 from sangam.layout import parse_mode
-from sangam.testbed import Testbed
+from sim.options import options_on_testbed
 from sim.points import run_points
 from sim.run import SimResult
 
@@ -66,7 +67,7 @@ class PointRunner:
         cost, name = scaled_cost_model(unscaled, name, scales or self.testbed.scales(cfg.model))
         cfg = testbed_config(self.testbed, cfg, profile, {})
         spec = progress or self.testbed.progress_spec(cfg.model, cfg.trace)
-        options = testbed_options(self.testbed, {})
+        options = options_on_testbed(self.testbed, {})
         (result,) = run_points([(cfg, synthetic_rows(cfg))], cost, name, options, RunFiles(progress=spec))
         return result
 

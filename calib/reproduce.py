@@ -18,8 +18,8 @@ from typing import Any
 
 from calib.points import PointKey, PointRunner
 from profiles.testbeds import load_testbed
-from sangam.options import option
-from sangam.results import percentile, request_row
+from runs.options import option
+from runs.results import percentile, request_row
 
 PAIRS = (("llada-8b", "sharegpt"), ("llada-8b", "arxiv"), ("dream-7b", "sharegpt"), ("dream-7b", "arxiv"))
 # Rates of each pair's load curves: the paper's x-axes (Figures 9, 11), over the loaded region

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calib.points import PointKey
-from sangam.batcher import Policy
+from sangam.budget import Policy
 from sangam.hardware import lookup_model
 from sangam.layout import parse_mode
 from sangam.workload import MASK_LEN

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sangam.config import RunConfig
-from sangam.options import add_options, collect
+from runs.config import RunConfig
+from runs.options import add_options, collect
 
 
 def add_parser(commands: Any, name: str) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from executor.live_models import TINY_PAGES
 from executor.live_options import CPU_NUM_REQUESTS, LIVE_NUM_REQUESTS, LiveOptions, with_env_api_key
-from sangam.config import RunConfig, RunFiles
-from sangam.options import add_options, collect, listed
+from runs.config import RunConfig, RunFiles
+from runs.options import add_options, collect, listed
 
 
 def add_parser(commands: Any, name: str) -> None:

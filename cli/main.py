@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cli import app, fit, live, profile, reproduce, search, serve, sim, sweep, trace, validate
+from runs.build import check as check_build
 
 COMMANDS = {
     "sim": sim,
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 0
+        check_build()
         status: int = COMMANDS[args.command].run(args)
         return status
     except (UsageError, ValueError, RuntimeError) as err:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sangam.args import positive_int
-from sangam.config import RunConfig
-from sangam.options import add_options, collect, option
+from runs.args import positive_int
+from runs.config import RunConfig
+from runs.options import add_options, collect, option
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if options.from_log:
         merge_log(model, gpu, list(options.from_log), root)
     else:
+        from calib.profile_runner import run_profile as measure
         from cli.progress import bar
-        from profiles.runner import run_profile as measure
 
         with bar("profile", "shapes") as watch:
             data, _ = measure(

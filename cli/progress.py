@@ -1,5 +1,5 @@
 """Progress bars of the long commands: rich, on stderr, and only when stderr is a terminal, so nothing a
-script reads (stdout, files, stderr piped) changes. The drivers tell a `sangam.tally.Watcher`; a bar is
+script reads (stdout, files, stderr piped) changes. The drivers tell a `runs.tally.Watcher`; a bar is
 one such watcher."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from sangam.tally import Tally, Watcher
+from runs.tally import Tally, Watcher
 
 
 def wanted(stream: TextIO) -> bool:

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sangam.config import RunConfig
-from sangam.options import add_options, collect
+from runs.config import RunConfig
+from runs.options import add_options, collect
 
 REQUESTS = 2000  # per point: half the paper's 4000, so that the whole run takes minutes on 2 cores
 

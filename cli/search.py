@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.sweep import add_grid, grid_points
-from sangam.options import add_options, collect
+from runs.options import add_options, collect
 
 COLUMNS = (
     "rank",

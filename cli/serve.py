@@ -9,8 +9,8 @@ from typing import Any
 
 from executor.live_models import TINY_PAGES
 from executor.live_options import LiveOptions, with_env_api_key
-from sangam.config import RunConfig, RunFiles
-from sangam.options import add_options, collect
+from runs.config import RunConfig, RunFiles
+from runs.options import add_options, collect
 from serve.options import ServeOptions
 
 # sangam live's options that make no sense for a server: the replay's, and its gRPC client address (serve

@@ -7,9 +7,9 @@ import dataclasses
 from contextlib import nullcontext
 from typing import Any
 
-from sangam.config import RunConfig, RunFiles, workload_points
+from runs.config import RunConfig, RunFiles, workload_points
+from runs.options import add_options, collect, declared, listed
 from sangam.layout import parse_mode
-from sangam.options import add_options, collect, declared, listed
 
 DEFAULT_GPUS = RunConfig().gpus
 MANY_REQUESTS = 20_000  # a point of this many requests takes about 10 s: worth a progress bar
@@ -58,17 +58,16 @@ def run(args: argparse.Namespace) -> int:
         choose_testbed,
         testbed_config,
         testbed_cost_model,
-        testbed_options,
         testbed_progress,
     )
-    from sangam.report import print_sim_table
-    from sim.options import SimOptions
+    from runs.report import print_sim_table
+    from sim.options import SimOptions, options_on_testbed
     from sim.points import run_points
 
     testbed = choose_testbed(args.testbed, args.gpu)
     base = base_config(args, gpu=testbed.gpu)
     given = given_options(args, SimOptions)
-    options = testbed_options(testbed, given)
+    options = options_on_testbed(testbed, given)
     cost, cost_name, profile = testbed_cost_model(
         testbed, base.model, options.cost, time_scale=options.time_scale
     )

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sangam.config import RunConfig, RunFiles
-from sangam.options import add_options, collect, listed, option
+from runs.config import RunConfig, RunFiles
+from runs.options import add_options, collect, listed, option
 
 if TYPE_CHECKING:  # sim is imported when a command runs, not when the parser is built
     from sim.sweep import GridOptions, Point
@@ -52,13 +52,13 @@ def grid_points(
     """The points of `sangam sweep` and `sangam search` on the testbed the options name (`--testbed`,
     else `sangam-<gpu>`), resolved as `sangam sim` resolves a run; `fixed`: RunConfig values."""
     from cli.sim import given_options
-    from profiles.testbeds import choose_testbed, testbed_options
-    from sim.options import SimOptions
+    from profiles.testbeds import choose_testbed
+    from sim.options import SimOptions, options_on_testbed
     from sim.sweep import grid
 
     testbed = choose_testbed(args.testbed, args.gpu)
     base = collect(RunConfig, args, gpu=testbed.gpu, **fixed)
-    options = testbed_options(testbed, given_options(args, SimOptions))
+    options = options_on_testbed(testbed, given_options(args, SimOptions))
     return grid(base, grid_options, rates, options, collect(RunFiles, args).progress, testbed)
 
 

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sangam.config import DATASETS, RunConfig
-from sangam.options import add_options, collect
+from runs.config import DATASETS, RunConfig
+from runs.options import add_options, collect
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -23,8 +23,8 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sangam.config import synthetic_rows
-    from sangam.traces import write_trace
+    from runs.config import synthetic_rows
+    from runs.traces import write_trace
 
     cfg = collect(RunConfig, args)
     if not cfg.is_synthetic:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sangam.config import RunConfig
-from sangam.options import add_options, collect, listed
+from runs.config import RunConfig
+from runs.options import add_options, collect, listed
 
 
 def add_parser(commands: Any, name: str) -> None:
-    from profiles.validate import ValidateOptions
+    from calib.validate import ValidateOptions
     from sim.options import SimOptions
 
     parser = commands.add_parser(name, help="run one trace live and simulated; report the errors")
@@ -26,7 +26,7 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiles.validate import ValidateOptions, run_validate
+    from calib.validate import ValidateOptions, run_validate
 
     rates = listed(args, "qps", None) if args.qps is not None else None
     base = collect(RunConfig, args, qps=RunConfig().qps)

@@ -30,8 +30,8 @@ from executor.messages import (
     WorkerState,
 )
 from executor.proto import sangam_pb2 as pb
+from runs.results import RecoveryCounts
 from sangam.request import BlockRecord, Request
-from sangam.results import RecoveryCounts
 
 _STATUS = {
     RequestStatus.QUEUED: pb.QUEUED,
@@ -259,7 +259,7 @@ def empty_status() -> ClusterStatus:
 
 
 def record_of(req: Request) -> pb.RequestRecord:
-    """The timing record of a finished request (sangam.results rebuilds its rows from it)."""
+    """The timing record of a finished request (runs.results rebuilds its rows from it)."""
     record = pb.RequestRecord(
         request_id=req.id,
         arrival=req.arrival,

@@ -47,10 +47,10 @@ from executor.microbatch import ForwardItem, Phase
 from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, tiny
 from executor.sampler import BlockStep, SamplingParams, commits_eos, unmask
 from executor.transfer_ends import TransferEnds
+from runs.results import iteration_row
 from sangam.batcher import Batcher, Microbatch
 from sangam.hardware import BLOCK
 from sangam.request import Request
-from sangam.results import iteration_row
 
 log = logging.getLogger("sangam.worker")
 

@@ -1,5 +1,5 @@
 """The scheduler's iteration log: one CSV row per worker iteration, columns as the simulator writes them
-(`sangam.results.ITERATION_COLUMNS`) plus what only a live run measures."""
+(`runs.results.ITERATION_COLUMNS`) plus what only a live run measures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.messages import IterationReport
-from sangam.results import ITERATION_COLUMNS
+from runs.results import ITERATION_COLUMNS
 
 COLUMNS = (*ITERATION_COLUMNS, "gpu_s", "items", "cycle_s")
 

@@ -18,7 +18,7 @@ What moves. All layers' pages of one request are packed into one contiguous buff
 messages of whole layers, at most `CHUNK_BYTES` each; the receiver scatters the buffer into the pages
 it allocated. Each end runs its transfers on one thread per peer, in the order the scheduler issued
 them (the same order at both ends), so the worker's iteration loop never waits on the network.
-`profiles.link_fit` measures this path and fits the simulator's link model to it.
+`calib.link_fit` measures this path and fits the simulator's link model to it.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from executor.live_models import TINY_PAGES
 from executor.live_options import KV_TRANSPORTS
 from executor.ports import free_port
 from executor.process_specs import SchedulerLaunch, WorkerLaunch, encode
-from sangam.batcher import Policy
+from sangam.budget import Policy
 from sangam.layout import Kind, Layout, parse_mode
 
 if TYPE_CHECKING:

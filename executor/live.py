@@ -2,7 +2,7 @@
 
 The workload comes from the same generators and trace readers as `sangam sim`, so a live run and a sim run
 of one seed see the same lengths, arrival times and (with `--unmask schedule`) the same forwards per
-block. Results go through `sangam.results`, the one format both write, and the same table is printed.
+block. Results go through `runs.results`, the one format both write, and the same table is printed.
 
 This module imports only the standard library and `sangam` at import time; the client loads lazily.
 
@@ -44,14 +44,14 @@ from executor.live_models import TINY_PAGES, lookup_live_model
 from executor.live_options import CPU_NUM_REQUESTS, SERVE_PORT, LiveOptions
 from executor.live_tally import LiveTally
 from executor.messages import ClusterStatus, ModelFacts, RequestState, Sampling, Submission
-from sangam.config import RunConfig, RunFiles, build_requests, load_progress, workload_points
+from runs.config import RunConfig, RunFiles, build_requests, load_progress, workload_points
+from runs.outdir import point_dirs
+from runs.results import write_results
+from runs.tally import Watcher
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Kind, parse_mode
-from sangam.outdir import point_dirs
 from sangam.progress import ProgressModel
 from sangam.request import Request
-from sangam.results import write_results
-from sangam.tally import Watcher
 from sangam.workload import TraceRow
 
 MAX_IN_FLIGHT = 32  # Submit calls the replay keeps open at once
@@ -437,7 +437,7 @@ def _replay(
     `out`, before a failed request or a page leak is raised. An abnormal end (the scheduler or the
     cluster failing, no progress, SIGTERM, Ctrl-C) first writes what finished to `out`, marked partial."""
     from executor.client import SangamError
-    from sangam.report import print_sim_table
+    from runs.report import print_sim_table
 
     started = time.monotonic()
     ids: dict[int, int] = {}
@@ -497,7 +497,8 @@ def _summary(
     plan: LivePlan, finished: list[Request], status: ClusterStatus, started: float
 ) -> dict[str, Any]:
     """The summary of a live run: the simulator's statistics and recovery counts, and the live facts."""
-    from sangam.results import request_row, summarize
+    from runs.build import build
+    from runs.results import request_row, summarize
 
     kv_bytes = plan.config.model_spec.kv_bytes_per_token
     summary = summarize([request_row(r) for r in finished], kv_bytes, status.recovery)
@@ -515,6 +516,7 @@ def _summary(
             }
             for w in status.workers
         ],
+        build=build(),
         config=plan.resolved(),
     )
     if plan.config.layout.kind is not Kind.COLOCATED:
@@ -567,14 +569,15 @@ def _write_partial(
 def write_served(plan: LivePlan, collected: Collector, out: Path, cause: str | None = None) -> int:
     """Write the results of every request a serving cluster finished (as `collected` so far) to `out`,
     marked partial with its `cause` if the server did not end normally; how many there were."""
-    from sangam.results import request_row, summarize, write_results
+    from runs.build import build
+    from runs.results import request_row, summarize, write_results
 
     finished = rebuild(collected.records, {}, [], collected.origin)
     if finished:
         recovery = collected.status.recovery if collected.status is not None else None
         kv_bytes = plan.config.model_spec.kv_bytes_per_token
         summary = summarize([request_row(r) for r in finished], kv_bytes, recovery)
-        summary["config"] = plan.resolved()
+        summary.update(build=build(), config=plan.resolved())
         summary.update(partial=cause is not None, **({"partial_cause": cause} if cause else {}))
         write_results(out, finished, summary)
     return len(finished)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.live_models import LIVE_MODELS
-from sangam.args import non_negative_float, port_number, positive_float, positive_int
-from sangam.options import option
+from runs.args import non_negative_float, port_number, positive_float, positive_int
+from runs.options import option
 
 KV_TRANSPORTS = ("gloo", "nccl")  # executor.kv_transfer.TRANSPORTS, without importing torch here
 SERVE_PORT = 50051

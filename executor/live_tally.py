@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from sangam.tally import Tally, Watcher
+from runs.tally import Tally, Watcher
 
 if TYPE_CHECKING:
     from executor.client import SangamClient

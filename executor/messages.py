@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
-from sangam.results import RecoveryCounts
+from runs.results import RecoveryCounts
 
 
 class RequestStatus(StrEnum):
@@ -69,7 +69,7 @@ class RequestState:
     arrival: float = 0.0
     end: float = 0.0  # 0 until DONE
     forwards: tuple[int, ...] = ()  # forwards each finished block took
-    # once DONE: the latency parts summed over the blocks (sangam.results.PARTS), seconds
+    # once DONE: the latency parts summed over the blocks (runs.results.PARTS), seconds
     queue_s: float = 0.0  # prefill queue and decode queue
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -176,7 +176,7 @@ class ItemShape:
 
 @dataclass(frozen=True, slots=True)
 class IterationStats:
-    """The Batcher's view of one iteration; the fields are `sangam.results.ITERATION_COLUMNS`."""
+    """The Batcher's view of one iteration; the fields are `runs.results.ITERATION_COLUMNS`."""
 
     worker: int
     start: float

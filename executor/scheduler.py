@@ -64,7 +64,7 @@ from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.retry import deliver
 from executor.scheduler_state import TRANSFER_ATTEMPTS, SchedulerState
-from sangam.batcher import Policy
+from sangam.budget import Policy
 
 ENQUEUE_ATTEMPTS = 3
 ENQUEUE_BACKOFF_S = 0.1

@@ -46,12 +46,13 @@ from executor.messages import (
     WorkerState,
 )
 from executor.transfers import Arrived, Effect, Order, Released, Transfers
-from sangam.batcher import Outcome, Policy
-from sangam.config import RunConfig
+from runs.config import RunConfig
+from runs.results import RecoveryCounts, block_parts
+from sangam.batcher import Outcome
+from sangam.budget import Policy
 from sangam.hardware import BLOCK
 from sangam.layout import Layout, Role, parse_mode
 from sangam.request import Request
-from sangam.results import RecoveryCounts, block_parts
 from sangam.router import Action, Drop, Fail, Recovery, Router, Transfer
 
 TRANSFER_ATTEMPTS = 3  # per KV transfer, before its request fails

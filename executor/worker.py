@@ -56,7 +56,8 @@ from executor.process_specs import WorkerLaunch, read_spec
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.report_sender import ReportSender
-from sangam.batcher import BatchConfig, Batcher, Policy
+from sangam.batcher import Batcher
+from sangam.budget import BatchConfig, Policy
 from sangam.hardware import pages_for
 from sangam.kv import PagePool
 from sangam.layout import Kind, Role, parse_mode

@@ -1,3 +1,1 @@
-"""Iteration-time models: measured data, fitting and prediction, and the calibration runner."""
-
-import sangam  # noqa: F401  # its compiled-module guard runs before profiles.measured is found
+"""Iteration-time models (measured, fitted, derived, analytic) and the testbeds that choose them."""

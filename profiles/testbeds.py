@@ -17,15 +17,13 @@ from typing import Any
 
 from profiles.analytic import AnalyticCostModel
 from profiles.store import DATA, Profile, load_profile_dir
-from sangam.config import RunConfig
+from profiles.testbed import Testbed, parse_testbed, testbed_dict
+from runs.config import RunConfig
 from sangam.cost import CostModel, TimeScales, scaled
 from sangam.hardware import lookup_gpu, lookup_model
-from sangam.testbed import Testbed, parse_testbed, testbed_dict
-from sim.options import SimOptions
 
 TESTBEDS = DATA / "testbeds"
 DEFAULT_GPU = RunConfig().gpu
-LINK_FIELDS = ("link", "link_gbps", "link_latency_ms")
 
 
 def known_testbeds(root: Path = TESTBEDS) -> list[str]:
@@ -121,21 +119,6 @@ def testbed_config(
     if clip is None and given.get("arrival_cv") is None:
         clip = testbed.arrival.clip
     return dataclasses.replace(base, gpu=testbed.gpu, pages=pages, arrival_clip=clip)
-
-
-def testbed_options(testbed: Testbed, given: Mapping[str, Any]) -> SimOptions:
-    """The simulator's options on the testbed: its link and control delay unless `given` (the SimOptions
-    flags given explicitly; None: absent) names a link or a delay of its own."""
-    values = {name: value for name, value in given.items() if value is not None}
-    if not any(name in values for name in LINK_FIELDS):
-        link = testbed.link
-        if link.profile is not None:
-            values["link"] = link.profile
-        else:
-            values.update(link_gbps=link.gb_per_s, link_latency_ms=link.latency_ms)
-    values.setdefault("control_ms", testbed.control_ms.value)
-    values["testbed"] = testbed.name
-    return SimOptions(**values)
 
 
 def testbed_progress(testbed: Testbed, model: str, trace: str, given: str | None) -> str:

@@ -1,7 +1,4 @@
-"""Sangam: serving cached diffusion LLMs (LLaDA-8B, Dream-7B with Fast-dLLM block caching)."""
-
-from sangam import compiled
-
-compiled.guard()  # before any compiled module is imported (sangam/compiled.py)
+"""Sangam's policy core: requests, the Algorithm 1 batcher, the routers, KV page accounting, layouts,
+forwards per block and workloads; pure (time is an argument, randomness a generator passed in)."""
 
 __version__ = "0.1.0"

@@ -19,40 +19,12 @@ import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, TypeVar
 
-from mypy_extensions import mypyc_attr
-
+from sangam.budget import BatchConfig, Policy
 from sangam.hardware import BLOCK
 from sangam.kv import Pages
 from sangam.request import Request
-
-
-class Policy(StrEnum):
-    DEFICIT = "deficit"  # Algorithm 1 under budget tau
-    PREFILL_FIRST = "prefill-first"  # tau = infinity: Orca / vLLM / dLLM-Serve refresh-reuse
-    FASTDLLM = "fastdllm"  # one request at a time (the paper's in-system Fast-dLLM)
-
-
-@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
-@dataclass(frozen=True, slots=True)
-class BatchConfig:
-    """How one worker forms microbatches."""
-
-    policy: Policy = Policy.DEFICIT
-    budget: int = 1024  # tau, tokens per iteration (ignored by prefill-first)
-    max_decodes: int = 64  # decodes seated per iteration; more wait their turn
-
-    def __post_init__(self) -> None:
-        if self.budget <= 0:
-            raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
-        if self.max_decodes <= 0:
-            raise ValueError(f"max_decodes must be positive, got {self.max_decodes}")
-
-    @property
-    def tau(self) -> float:
-        return math.inf if self.policy is Policy.PREFILL_FIRST else self.budget
 
 
 @dataclass(slots=True)  # not frozen: built every simulated iteration, and frozen init is slow

@@ -14,8 +14,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mypy_extensions import mypyc_attr
-
 from sangam.hardware import BLOCK
 
 # Defaults per (model, trace): mean and std of forwards per block. ASSUMPTION, to be
@@ -30,7 +28,6 @@ DEFAULT_PROGRESS: dict[tuple[str, str], tuple[float, float]] = {
 }
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class ProgressModel:
     """A discrete distribution over forwards per block, sampled by inverse CDF."""

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from sangam.batcher import Outcome, Policy
+from sangam.batcher import Outcome
+from sangam.budget import Policy
 from sangam.layout import Kind, Layout, Role
 from sangam.request import BlockRecord, Request
 

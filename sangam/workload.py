@@ -1,6 +1,6 @@
 """Synthetic workloads: request lengths fitted to the paper's traces, and arrival processes.
 
-Pure: no file I/O (see `sangam.traces`), and every random draw comes from a `random.Random`
+Pure: no file I/O (see `runs.traces`), and every random draw comes from a `random.Random`
 passed in, so that a seed fixes the whole workload.
 """
 
@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mypy_extensions import mypyc_attr
-
 from sangam.hardware import BLOCK
 
 MASK_LEN = {"sharegpt": 1024, "arxiv": 512}  # mask buffer M per dataset, a multiple of BLOCK
@@ -21,7 +19,6 @@ MAX_TOKENS = 4096  # the paper's filter: prompt_len + output_len <= MAX_TOKENS
 MAX_ARRIVAL_CV = 100.0  # gamma gaps of a larger CV put nearly every arrival at once (shape 1/CV^2 -> 0)
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class TraceRow:
     """One request of a trace: lengths in tokens, arrival in seconds (None: to be drawn).
@@ -73,7 +70,6 @@ class LengthDistribution(Protocol):
     def draw(self, rng: random.Random) -> float: ...
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class Kumaraswamy:
     """Kumaraswamy(a, b) scaled to [0, scale]: bounded, skewed either way; drawn by inverse CDF."""
@@ -87,7 +83,6 @@ class Kumaraswamy:
         return self.scale * (1.0 - (1.0 - u) ** (1.0 / self.b)) ** (1.0 / self.a)
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class GeneralizedGamma:
     """Stacy's generalized gamma: `scale * G ** (1 / power)` with G ~ Gamma(shape, 1)."""
@@ -100,7 +95,6 @@ class GeneralizedGamma:
         return self.scale * rng.gammavariate(self.shape, 1.0) ** (1.0 / self.power)
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class LengthModel:
     """Independent prompt and output marginals, before the MAX_TOKENS filter."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sangam.args import port_number, positive_float, positive_int
-from sangam.options import option
+from runs.args import port_number, positive_float, positive_int
+from runs.options import option
 
 
 @dataclass(frozen=True, slots=True)

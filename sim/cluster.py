@@ -30,13 +30,14 @@ import simpy
 from mypy_extensions import mypyc_attr
 from simpy.events import NORMAL, URGENT, EventPriority
 
-from sangam.batcher import NOTHING_DONE, BatchConfig, Batcher, Microbatch, Outcome
+from runs.results import iteration_row
+from sangam.batcher import NOTHING_DONE, Batcher, Microbatch, Outcome
+from sangam.budget import BatchConfig
 from sangam.cost import CostModel
 from sangam.faults import Failure
 from sangam.kv import PageTally
 from sangam.layout import Layout, Role
 from sangam.request import Request
-from sangam.results import iteration_row
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
 

@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runs.results import percentile
 from sangam.request import Request
-from sangam.results import percentile
 
 QUANTILES = {"median": 50.0, "p90": 90.0, "p99": 99.0}
 STATS = ("mean", *QUANTILES)

@@ -18,8 +18,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sangam.args import positive_int
-from sangam.options import option
+from runs.args import positive_int
+from runs.options import option
 from sim.sweep import Point, code_version, run_point
 
 LOCAL_RAY = "local"  # `--ray` without an address: start a local Ray instance (or join RAY_ADDRESS's)

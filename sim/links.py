@@ -1,6 +1,6 @@
 """Measured KV link profiles for the simulator's link model.
 
-A profile is `profiles/data/links/<name>.json`, written by `python -m profiles.link_fit measure` from
+A profile is `profiles/data/links/<name>.json`, written by `python -m calib.link_fit measure` from
 timings of the live transfer path (pack, send, receive, unpack) at several sizes, fitted as
 seconds = latency_s + bytes / (gb_per_s * 1e9). `load_link` turns one into the `LinkSpec` that
 `sim.cluster` charges every KV transfer with; without a profile the simulator keeps its assumed link.

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sangam.args import non_negative_float, positive_float
-from sangam.config import CONTROL_MS
+from profiles.testbed import Testbed
+from runs.args import non_negative_float, positive_float
+from runs.config import CONTROL_MS
+from runs.options import option
 from sangam.faults import Failure, parse_failures
-from sangam.options import option
 from sim.cluster import LinkSpec
 from sim.links import load_link
+
+LINK_FIELDS = ("link", "link_gbps", "link_latency_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +67,18 @@ class SimOptions:
         """What summary.json records of the link."""
         link = self.link_spec()
         return {"source": self.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s}
+
+
+def options_on_testbed(testbed: Testbed, given: Mapping[str, Any]) -> SimOptions:
+    """The simulator's options on the testbed: its link and control delay unless `given` (the SimOptions
+    flags given explicitly; None: absent) names a link or a delay of its own."""
+    values = {name: value for name, value in given.items() if value is not None}
+    if not any(name in values for name in LINK_FIELDS):
+        link = testbed.link
+        if link.profile is not None:
+            values["link"] = link.profile
+        else:
+            values.update(link_gbps=link.gb_per_s, link_latency_ms=link.latency_ms)
+    values.setdefault("control_ms", testbed.control_ms.value)
+    values["testbed"] = testbed.name
+    return SimOptions(**values)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sangam.config import RunConfig, RunFiles, load_progress
+from runs.config import RunConfig, RunFiles, load_progress
+from runs.outdir import point_dirs
+from runs.results import ITERATION_COLUMNS, write_csv, write_results
+from runs.tally import Tally, Watcher
 from sangam.cost import CostModel
-from sangam.outdir import point_dirs
-from sangam.results import ITERATION_COLUMNS, write_csv, write_results
-from sangam.tally import Tally, Watcher
 from sangam.workload import TraceRow
 from sim.options import SimOptions
 from sim.run import SimResult, simulate

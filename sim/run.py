@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sangam.config import CONTROL_MS, RunConfig, build_requests
+from runs.build import build
+from runs.config import CONTROL_MS, RunConfig, build_requests
+from runs.results import RecoveryCounts, request_row, summarize
 from sangam.cost import CostModel
 from sangam.faults import Failure
 from sangam.progress import ProgressModel
 from sangam.request import Request
-from sangam.results import RecoveryCounts, request_row, summarize
 from sangam.router import Router
 from sangam.workload import TraceRow
 from sim.cluster import Cluster, ClusterConfig, LinkSpec
@@ -82,5 +83,5 @@ def simulate(
     wall = time.perf_counter() - started
     if early is not None and cluster.stopped_at is not None:
         summary.update(stopped_at_s=cluster.stopped_at, lower_bounds=early.bounds)
-    summary.update(sim_wall_s=wall, sim_iterations=cluster.iterations, config=cfg.resolved())
+    summary.update(sim_wall_s=wall, sim_iterations=cluster.iterations, build=build(), config=cfg.resolved())
     return SimResult(cfg, requests, summary, log, cluster.iterations, wall)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sangam.args import positive_float
-from sangam.options import option
-from sangam.results import METRICS
-from sangam.tally import Tally, Watcher
+from runs.args import positive_float
+from runs.options import option
+from runs.results import METRICS
+from runs.tally import Tally, Watcher
 from sim.early_stop import STATS as EARLY_STATS
 from sim.early_stop import Exceeds
 from sim.sweep import Cache, Counts, Point, Runner, evaluate

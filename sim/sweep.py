@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sangam import compiled
-from sangam.args import positive_int
-from sangam.config import RunConfig, load_progress, workload_points
+from profiles.testbed import Testbed, testbed_dict
+from runs.args import positive_int
+from runs.build import MANIFEST
+from runs.config import RunConfig, load_progress, workload_points
+from runs.options import option
+from runs.tally import Tally, Watcher
 from sangam.cost import CostModel
 from sangam.hardware import MODELS
 from sangam.layout import parse_mode
-from sangam.options import option
-from sangam.tally import Tally, Watcher
-from sangam.testbed import Testbed, testbed_dict
 from sim.early_stop import Exceeds
 from sim.options import SimOptions
 
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("sangam", "sim", "profiles")  # what a point's numbers depend on
 FIRST_COLUMNS = ("model", "trace", "layout", "budget", "theta", "qps", "seed")  # the grid, then the rest
 HIDDEN = ("mode", "pages", "qps")  # mode is `layout`, pages is `kv_pages`; qps is listed first
-NOT_METRICS = ("config", "kv_link", "cost_model", "sim_wall_s")  # wall time differs run to run
+NOT_METRICS = ("config", "kv_link", "cost_model", "sim_wall_s", "build")  # wall time differs run to run
 
 
 def layout_list(text: str) -> list[str]:
@@ -149,7 +149,7 @@ def grid(
     """Every combination of the grid at every rate and seed on `testbed` (None: `sangam-<base.gpu>`), as
     `sangam sim` resolves a run: the testbed's GPU, KV pages (else its profile's live worker's), arrival
     clip and forwards per block, except where `base` (pages, arrival_clip, arrival_cv) or `progress`
-    give their own. `sim`: the options as `profiles.testbeds.testbed_options` resolved them."""
+    give their own. `sim`: the options as `profiles.testbeds.options_on_testbed` resolved them."""
     from profiles.testbeds import choose_testbed, testbed_config, testbed_progress, unscaled_cost_model
 
     testbed = testbed or choose_testbed(None, base.gpu)
@@ -224,9 +224,9 @@ def code_version(root: Path = ROOT) -> str:
 
 
 def _built(path: Path) -> bool:
-    """Made from the sources by Python or by the install (sangam/compiled.py), which can differ
+    """Made from the sources by Python or by a native build (runs/build.py), which can differ
     between machines with the same sources."""
-    return path.suffix in (".pyc", ".so") or path.name == compiled.MANIFEST
+    return path.suffix in (".pyc", ".so") or path.name == MANIFEST.name
 
 
 def file_digest(path: Path) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sangam.batcher import BatchConfig, Batcher, Policy
-from sangam.config import RunConfig
+from runs.config import RunConfig
+from sangam.batcher import Batcher
+from sangam.budget import BatchConfig, Policy
 from sangam.kv import PagePool
 from sangam.request import Request
 from sim.sweep import Point, Runner

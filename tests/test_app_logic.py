@@ -43,8 +43,8 @@ from app.sweep import (
 )
 from cli.main import main as cli_main
 from profiles.testbeds import load_testbed
-from sangam.config import RunConfig
-from sangam.results import METRICS
+from runs.config import RunConfig
+from runs.results import METRICS
 from sim.run import simulate
 
 

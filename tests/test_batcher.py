@@ -6,7 +6,7 @@ import math
 
 from factories import make_batcher, make_request, seat_decodes
 
-from sangam.batcher import Policy
+from sangam.budget import Policy
 
 
 def test_figure6_deficit_carries_budget_until_a_large_prefill_fits() -> None:

@@ -12,8 +12,8 @@ import pytest
 from test_sim import check_algorithm1
 
 from cli.main import main
+from runs.results import ITERATION_COLUMNS
 from sangam.hardware import lookup_model
-from sangam.results import ITERATION_COLUMNS
 from sim.links import LINKS_DIR
 
 
@@ -309,7 +309,7 @@ def test_sim_fails_and_restarts_workers(tmp_path: Path, capsys: pytest.CaptureFi
 def test_profile_measures_unless_logs_are_given() -> None:
     from cli.main import build_parser
     from cli.profile import ProfileOptions
-    from sangam.options import collect
+    from runs.options import collect
 
     parser = build_parser()
     assert collect(ProfileOptions, parser.parse_args(["profile"])).from_log == ()

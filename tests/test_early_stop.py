@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from profiles.analytic import AnalyticCostModel
-from sangam.config import RunConfig, synthetic_rows
+from runs.config import RunConfig, synthetic_rows
+from runs.results import request_row, summarize
 from sangam.faults import parse_failures
 from sangam.hardware import lookup_gpu, lookup_model
-from sangam.results import request_row, summarize
 from sim.early_stop import STATS, EarlyStop, Exceeds, latency_bounds
 from sim.options import SimOptions
 from sim.run import simulate

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser, main
-from sangam.config import RunConfig
+from runs.config import RunConfig
 from sim.engines import LOCAL_RAY, EngineOptions, LocalPool, RayTasks, _checked_point, runner
 from sim.options import SimOptions
 from sim.sweep import Point, code_version

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from sangam.config import RunConfig, synthetic_rows
+from runs.config import RunConfig, synthetic_rows
+from runs.results import request_row
 from sangam.faults import parse_failures
-from sangam.results import request_row
 
 GOLDEN = Path(__file__).parent / "golden" / "sim_summaries.json"
 CASES: dict[str, dict[str, Any]] = {
@@ -38,7 +38,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
     args = {k: v for k, v in case.items() if k not in ("cost", "fail", "restart")}
     if "policy" in args:
-        from sangam.batcher import Policy
+        from sangam.budget import Policy
 
         args["policy"] = Policy(args["policy"])
     cfg = RunConfig(num_requests=REQUESTS, **args)
@@ -53,7 +53,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         failures=parse_failures(case["fail"]) if "fail" in case else (),
         restart_after_s=case.get("restart"),
     )
-    summary = {k: v for k, v in result.summary.items() if k not in ("sim_wall_s", "config")}
+    summary = {k: v for k, v in result.summary.items() if k not in ("sim_wall_s", "build", "config")}
     rows = [repr(request_row(r)) for r in sorted(result.requests, key=lambda r: r.id) if r.finished]
     summary["requests_sha256"] = hashlib.sha256("\n".join(rows).encode()).hexdigest()
     return summary

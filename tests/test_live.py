@@ -24,11 +24,11 @@ from executor.codec import record_of, request_from_record
 from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
 from executor.messages import RequestStatus
 from executor.models.config import TINY_CONTEXT
-from sangam.config import RunConfig, build_requests, with_arrival_times
+from runs.config import RunConfig, build_requests, with_arrival_times
+from runs.results import ITERATION_COLUMNS, PARTS
+from runs.traces import read_trace
 from sangam.progress import parse_progress
 from sangam.request import BlockRecord, Request
-from sangam.results import ITERATION_COLUMNS, PARTS
-from sangam.traces import read_trace
 
 pytestmark = pytest.mark.timeout(120)
 

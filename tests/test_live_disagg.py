@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
+from calib.link_fit import fit_link, recorded_command
 from cli.live import run as run_live
 from executor.launcher import (
     ClusterSpec,
@@ -22,12 +23,11 @@ from executor.launcher import (
     resolve_transport,
 )
 from executor.live import page_leaks, rebuild
-from profiles.link_fit import fit_link, recorded_command
-from sangam.config import RunConfig, with_arrival_times
+from runs.config import RunConfig, with_arrival_times
+from runs.results import PARTS
+from runs.traces import read_trace
 from sangam.hardware import lookup_model
 from sangam.layout import Role, parse_mode
-from sangam.results import PARTS
-from sangam.traces import read_trace
 from sim.links import LINKS_DIR, known_links, load_link
 from sim.run import simulate
 
@@ -171,7 +171,7 @@ def test_link_fit_recovers_latency_and_bandwidth() -> None:
 
 def test_a_profile_records_its_command_without_the_measuring_machines_paths() -> None:
     argv = ["measure", "--name", "x", "--out", "/some/dir", "--note", "two words", "--out=/elsewhere"]
-    assert recorded_command(argv) == "python -m profiles.link_fit measure --name x --note 'two words'"
+    assert recorded_command(argv) == "python -m calib.link_fit measure --name x --note 'two words'"
     for path in LINKS_DIR.glob("*.json"):
         assert " /" not in json.loads(path.read_text())["command"]  # no absolute path
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from sangam.results import PARTS
+from runs.results import PARTS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 

@@ -13,8 +13,8 @@ from live_helpers import replay, write_trace
 
 from executor.live_tally import LiveTally, mean_e2e_s
 from executor.messages import ClusterStatus
+from runs.tally import Tally
 from sangam.request import BlockRecord, Request
-from sangam.tally import Tally
 
 
 def record(arrival: float, end: float | None) -> Request:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiles.runner import FILLER, Profiler, grid
+from calib.profile_runner import FILLER, Profiler, grid
+from calib.validate import compare
 from profiles.shapes import Shape
 from profiles.store import merge_log, paths, read_samples
-from profiles.validate import compare
 
 
 def test_grid_fits_the_pool() -> None:

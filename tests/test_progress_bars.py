@@ -11,8 +11,8 @@ import pytest
 
 from cli.main import main
 from cli.progress import bar, wanted
-from sangam.config import RunConfig, RunFiles, workload_points
-from sangam.tally import Tally
+from runs.config import RunConfig, RunFiles, workload_points
+from runs.tally import Tally
 from sim.options import SimOptions
 from sim.points import run_points
 from sim.search import SearchOptions, Slo, search

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sim import LinearCost, check_causal, random_requests, rows, run_cluster
 
-from sangam.batcher import Outcome, Policy
+from sangam.batcher import Outcome
+from sangam.budget import Policy
 from sangam.faults import Failure, parse_failures
 from sangam.layout import Kind, Role, parse_mode
 from sangam.request import Request
@@ -277,7 +278,7 @@ def test_with_a_restart_coming_arrivals_wait_for_it() -> None:
 
 
 def test_simulate_reports_recovery_in_the_summary() -> None:
-    from sangam.config import RunConfig, synthetic_rows
+    from runs.config import RunConfig, synthetic_rows
     from sim.run import simulate
 
     cfg = RunConfig(mode="2C", qps=20.0, num_requests=200, seed=1, pages=10_000)

@@ -25,7 +25,7 @@ from benchmarks.ref_replay import (
     table,
     trace_rows,
 )
-from sangam.traces import read_trace
+from runs.traces import read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 REFPEER = REPO / "benchmarks" / "refpeer"

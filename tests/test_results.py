@@ -11,7 +11,7 @@ import pytest
 from factories import make_request
 from test_sim import LinearCost, run_cluster
 
-from sangam.results import METRICS, REQUEST_COLUMNS, percentile, request_row, summarize, write_results
+from runs.results import METRICS, REQUEST_COLUMNS, percentile, request_row, summarize, write_results
 
 
 @pytest.mark.parametrize("mode", ["2C", "1P1D", "1P1C"])

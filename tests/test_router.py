@@ -6,7 +6,8 @@ import random
 
 from factories import make_request
 
-from sangam.batcher import Outcome, Policy
+from sangam.batcher import Outcome
+from sangam.budget import Policy
 from sangam.layout import parse_mode
 from sangam.request import Request
 from sangam.router import Dispatch, Router, Transfer

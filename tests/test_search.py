@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from sangam.config import RunConfig
+from runs.config import RunConfig
 from sim.options import SimOptions
 from sim.search import Bracket, SearchOptions, Slo, parse_slo, search
 from sim.sweep import Cache, Point

@@ -6,8 +6,10 @@ import dataclasses
 import itertools
 import math
 import random
+import shutil
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,12 +17,13 @@ from factories import make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sangam.batcher import BatchConfig, Batcher, Microbatch, Policy
-from sangam.config import RunConfig, synthetic_rows
+from runs.config import RunConfig, synthetic_rows
+from runs.results import ITERATION_COLUMNS
+from sangam.batcher import Batcher, Microbatch
+from sangam.budget import BatchConfig, Policy
 from sangam.faults import Failure
 from sangam.layout import Role, parse_mode
 from sangam.request import Request
-from sangam.results import ITERATION_COLUMNS
 from sangam.router import Router
 from sim.cluster import Cluster, ClusterConfig, LinkSpec
 from sim.run import simulate
@@ -332,18 +335,24 @@ def test_same_seed_same_result(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["4C", "2P2D", "2P2C"])
-def test_decode_stretches_match_iteration_by_iteration(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-    import subprocess
-    import sys
+def test_decode_stretches_match_iteration_by_iteration(
+    mode: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from runs.build import build
 
-    from sangam import compiled
+    if build() == "native":  # native callers never see a patched method: run it on a Python copy
+        import os
+        import subprocess
+        import sys
 
-    if compiled.status() == "compiled":  # compiled callers never see a patched method: run it uncompiled
-        test = f"{__file__}::test_decode_stretches_match_iteration_by_iteration[{mode}]"
-        env = os.environ | {"SANGAM_PURE_PYTHON": "1"}
+        from tests.test_native import python_tree
+
+        tree = python_tree(tmp_path)
+        shutil.copytree(Path(__file__).parent, tree / "tests")
+        test = f"tests/test_sim.py::test_decode_stretches_match_iteration_by_iteration[{mode}]"
+        env = os.environ | {"PYTHONPATH": str(tree)}
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env,
-                             capture_output=True, text=True)  # fmt: skip
+                             cwd=tree, capture_output=True, text=True)  # fmt: skip
         assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:]
         return
     rng = random.Random(4)

@@ -98,7 +98,7 @@ def _has(module: str) -> bool:
 def test_the_cache_key_is_the_resolved_config_and_the_code_version() -> None:
     import dataclasses
 
-    from sangam.config import RunConfig
+    from runs.config import RunConfig
     from sim.options import SimOptions
     from sim.sweep import Point
 
@@ -160,7 +160,8 @@ def test_the_code_version_hashes_sources_and_data_not_what_the_install_built(tmp
     (tmp_path / "profiles" / "data.json").write_text("{}")
     version = code_version.__wrapped__(tmp_path)  # (uncached: a process reads its own sources once)
     (tmp_path / "sim" / "a.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF built on this machine")
-    (tmp_path / "sangam" / "compiled.json").write_text('{"sim.a": "..."}')
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "runs" / "native.json").write_text('{"sim.a": "..."}')
     assert code_version.__wrapped__(tmp_path) == version
     (tmp_path / "profiles" / "data.json").write_text('{"b": 2}')
     assert code_version.__wrapped__(tmp_path) != version

@@ -15,14 +15,14 @@ import pytest
 from cli.main import main
 from profiles import testbeds as tb
 from profiles.store import DATA
+from profiles.testbed import LinkEntry, ProfileEntry, Sourced, parse_testbed
+from profiles.testbed import testbed_dict as as_dict
 from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
+from runs.config import CONTROL_MS, RunConfig
 from sangam.batcher import Microbatch
-from sangam.config import CONTROL_MS, RunConfig
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
-from sangam.testbed import LinkEntry, ProfileEntry, Sourced, parse_testbed
-from sangam.testbed import testbed_dict as as_dict
 from sangam.workload import TraceRow, with_arrivals
-from sim.options import SimOptions
+from sim.options import SimOptions, options_on_testbed
 from tests.factories import make_request
 
 SHIPPED = ("sangam-h100", "sangam-h200", "reference-h200", "reference-h100")
@@ -113,13 +113,13 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
     assert (cfg.gpu, cfg.pages, cfg.arrival_clip) == ("h100", 5632, 3.0)
     given = tb.testbed_config(h100, RunConfig(mode="1C"), profile, {"pages": 100, "arrival_cv": 2.0})
     assert (given.pages, given.arrival_clip) == (100, None)
-    options = tb.testbed_options(h100, {"link": "cpu-gloo", "control_ms": None})
+    options = options_on_testbed(h100, {"link": "cpu-gloo", "control_ms": None})
     assert options.link == "cpu-gloo" and options.control_ms == h100.control_ms.value
     other = dataclasses.replace(
         h100, link=LinkEntry("a test", profile="cpu-gloo"), control_ms=Sourced(7.0, "a test")
     )
-    assert (tb.testbed_options(other, {}).link, tb.testbed_options(other, {}).control_ms) == ("cpu-gloo", 7.0)
-    given_link = tb.testbed_options(other, {"link_gbps": 5.0})
+    assert (options_on_testbed(other, {}).link, options_on_testbed(other, {}).control_ms) == ("cpu-gloo", 7.0)
+    given_link = options_on_testbed(other, {"link_gbps": 5.0})
     assert (given_link.link, given_link.link_gbps, given_link.link_latency_ms) == (None, 5.0, 1.0)
     with pytest.raises(ValueError, match="are missing"):
         tb.testbed_cost_model(h100, "llada-8b", data=tmp_path / "empty")

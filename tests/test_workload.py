@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sangam.config import RunConfig, synthetic_rows
-from sangam.traces import TraceError, read_steps, read_trace, write_trace
+from runs.config import RunConfig, synthetic_rows
+from runs.traces import TraceError, read_steps, read_trace, write_trace
 from sangam.workload import (
     MASK_LEN,
     MAX_TOKENS,

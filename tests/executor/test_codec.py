@@ -15,7 +15,7 @@ from executor.messages import (
     Submission,
     WorkerState,
 )
-from sangam.results import RecoveryCounts
+from runs.results import RecoveryCounts
 
 ids = st.integers(0, 2**31 - 1)
 small = st.integers(0, 10_000)

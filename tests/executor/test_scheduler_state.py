@@ -24,7 +24,7 @@ from executor.messages import (
     WorkBatch,
 )
 from executor.scheduler_state import SchedulerState
-from sangam.results import RecoveryCounts
+from runs.results import RecoveryCounts
 
 PAGES = 100
 PROMPT = tuple(range(1, 21))  # with a 64-token mask buffer: 6 pages

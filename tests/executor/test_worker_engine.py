@@ -16,7 +16,8 @@ from executor.kv_cache import PagedKVCache
 from executor.kv_transfer import TransferJob, TransferResult
 from executor.messages import BlockWork, TransferEvent, TransferKind
 from executor.models import Family, random_model, tiny
-from sangam.batcher import BatchConfig, Batcher
+from sangam.batcher import Batcher
+from sangam.budget import BatchConfig
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
 

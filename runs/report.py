@@ -36,7 +36,7 @@ def caption(cfg: dict[str, Any]) -> str:
 
 
 def print_sim_table(summaries: Sequence[dict[str, Any]], title: str = "sangam sim") -> None:
-    """One row per QPS point, times in seconds; the run's configuration on the line below."""
+    """One row per QPS point, times in seconds; the run's configuration and build on the line below."""
     rows = [[cell(s) for _, cell in COLUMNS] for s in summaries]
     table = Table(title=f"{title} (seconds)", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for header, _ in COLUMNS:
@@ -48,4 +48,6 @@ def print_sim_table(summaries: Sequence[dict[str, Any]], title: str = "sangam si
         console.width, 80
     )  # narrower, a terminal wraps the lines instead of rich cutting cells
     console.print(table)
-    console.print(caption(summaries[0]["config"]), soft_wrap=True)  # a long caption is never wrapped
+    build = summaries[0].get("build")
+    line = caption(summaries[0]["config"]) + (f"  {build} build" if build else "")
+    console.print(line, soft_wrap=True)  # a long caption is never wrapped

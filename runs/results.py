@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mypy_extensions import mypyc_attr
-
 from sangam.batcher import Microbatch
 from sangam.request import BlockRecord, Request
 
@@ -43,7 +41,6 @@ ITERATION_COLUMNS = (
 )  # fmt: skip
 
 
-@mypyc_attr(native_class=False)  # frozen native classes cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class RecoveryCounts:
     """What worker failures cost a run (the router's tallies)."""

@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from profiles.store import Profile
-from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_options, testbed_profile
-from sangam.config import RunConfig, RunFiles, synthetic_rows
-from sangam.options import option
+from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_profile
+from runs.config import RunConfig, RunFiles, synthetic_rows
+from runs.options import option
 from sim.cluster import LinkSpec
+from sim.options import options_on_testbed
 from sim.points import run_points
 from sim.run import simulate
 
@@ -98,7 +99,7 @@ def run_validate(
             f"no measured profile of {base.model} on {base.gpu} in testbed {testbed.name}: run sangam profile"
         )
     base = dataclasses.replace(base, pages=profile.kv_pages)
-    sim_options = testbed_options(testbed, {"link": options.link})
+    sim_options = options_on_testbed(testbed, {"link": options.link})
     link = sim_options.link_spec()
     loads = list(rates) if rates else [round(share * knee(base, profile, link), 2) for _, share in SHARES]
     cost, cost_name, _ = testbed_cost_model(testbed, base.model)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sangam.args import positive_float, positive_int
-from sangam.batcher import BatchConfig, Policy
+from runs.args import positive_float, positive_int
+from runs.options import option
+from sangam.budget import BatchConfig, Policy
 from sangam.hardware import GPUS, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
-from sangam.options import option
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request
 from sangam.workload import (
@@ -40,7 +40,7 @@ def qps_list(text: str) -> list[float]:
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything that decides a run; defaults are the paper's (docs/design.md section 6). Each field is
-    also the command-line option of `sangam sim` and `sangam live` (`sangam.options`)."""
+    also the command-line option of `sangam sim` and `sangam live` (`runs.options`)."""
 
     mode: str = option(
         "colocated", "layout: colocated (every --gpus worker), <n>C, <n>P<m>D (disaggregated) or <n>P<m>C "
@@ -206,8 +206,8 @@ def load_progress(spec: str | None) -> ProgressModel | None:
     """The `--progress` model (None: the default per model and trace)."""
     if not spec:
         return None
+    from runs.traces import read_steps
     from sangam.progress import empirical, parse_progress
-    from sangam.traces import read_steps
 
     kind, _, path = spec.partition(":")
     return empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(spec)
@@ -220,7 +220,7 @@ def workload_points(base: RunConfig, rates: Sequence[float]) -> list[tuple[RunCo
     if base.is_synthetic:
         configs = [dataclasses.replace(base, qps=q) for q in rates]
         return [(cfg, synthetic_rows(cfg)) for cfg in configs]
-    from sangam.traces import read_trace
+    from runs.traces import read_trace
 
     rows = read_trace(Path(base.trace))[: base.num_requests]
     base = dataclasses.replace(base, num_requests=len(rows))

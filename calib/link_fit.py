@@ -1,12 +1,12 @@
 """The live KV link, measured and fitted: the link profiles `sim.links.load_link` reads.
 
-    python -m profiles.link_fit measure --name cpu-gloo --device cpu
+    python -m calib.link_fit measure --name cpu-gloo --device cpu
 
 measures the live KV transfer path (`executor.kv_transfer`: pack, send, receive, unpack, from the sender's
 start to the receiver's end) for several sizes between two processes, fits seconds = latency + bytes /
 bandwidth, and writes the link profile `profiles/data/links/<name>.json`.
 
-    python -m profiles.link_fit fit-results --results DIR --name NAME
+    python -m calib.link_fit fit-results --results DIR --name NAME
 
 fits the same model to the transfers a `sangam live` run recorded.
 """
@@ -85,7 +85,7 @@ def recorded_command(argv: Sequence[str]) -> str:
         if arg.startswith("--out="):
             continue
         kept.append(arg if arg.startswith("-") or " " not in arg else repr(arg))
-    return " ".join(["python -m profiles.link_fit", *kept])
+    return " ".join(["python -m calib.link_fit", *kept])
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -160,7 +160,7 @@ def measure(args: argparse.Namespace) -> Path:
     env.setdefault("OMP_NUM_THREADS", "1")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "profiles.link_fit", "_bench", "--rank", str(rank), *common],
+            [sys.executable, "-m", "calib.link_fit", "_bench", "--rank", str(rank), *common],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -268,7 +268,7 @@ def fit_results(args: argparse.Namespace) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m profiles.link_fit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m calib.link_fit", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("measure", "_bench"):
         sub = commands.add_parser(

@@ -30,11 +30,12 @@ from executor.engine import Engine, Job, build_model, build_runner
 from executor.kv_cache import PagedKVCache
 from executor.sampler import SamplingParams
 from profiles.shapes import Shape
-from sangam.batcher import BatchConfig, Batcher, Policy
+from runs.tally import Tally, Watcher
+from sangam.batcher import Batcher
+from sangam.budget import BatchConfig, Policy
 from sangam.hardware import BLOCK, kv_pages, lookup_gpu, lookup_model, pages_for
 from sangam.kv import PagePool
 from sangam.request import Request
-from sangam.tally import Tally, Watcher
 
 PREFILLS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

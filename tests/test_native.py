@@ -1,0 +1,124 @@
+"""The native build: asked for explicitly, used whole, refused once stale, and giving the same results as
+the sources (the comparison runs only where a native build is installed: CI builds one)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from runs import build
+from runs.build import NATIVE_MODULES, StaleBuild
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("sangam", "runs", "sim", "profiles")
+
+
+def python_tree(tmp_path: Path) -> Path:
+    """A copy of the simulator's packages without any native build: there they run as Python."""
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.so", "native.json")
+        )
+    return tmp_path
+
+
+def _fake_sources(root: Path) -> None:
+    for module in NATIVE_MODULES:
+        path = build.source_path(module, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"NAME = {module!r}\n")
+
+
+def test_a_native_build_goes_stale_when_any_source_changes(tmp_path: Path) -> None:
+    _fake_sources(tmp_path)
+    assert build.stale(tmp_path) == []  # no native build: nothing to go stale
+    hashes = {m: build.source_hash(m, tmp_path) for m in NATIVE_MODULES}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "native.json").write_text(json.dumps(hashes))
+    assert build.stale(tmp_path) == []
+    (tmp_path / "sim" / "cluster.py").write_text("NAME = 'edited'\n")
+    assert build.stale(tmp_path) == ["sim.cluster"]
+
+
+def test_a_stale_build_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "stale", lambda: ["sangam.kv"])
+    with pytest.raises(StaleBuild, match=r"^sangam/kv.py changed since the native build \(SANGAM_NATIVE=1"):
+        build.check()
+    from cli.main import main
+
+    assert main(["sim", "-n", "5"]) == 2  # the command line refuses it before running anything
+
+
+def test_the_build_in_use_is_the_one_installed() -> None:
+    """An install asked to compile (SANGAM_NATIVE=1, as CI's second install) runs every hot module native;
+    without a native build every one runs from its source."""
+    native = (ROOT / "runs" / "native.json").exists()
+    if os.environ.get("SANGAM_NATIVE", "") not in ("", "0"):
+        assert native, "SANGAM_NATIVE is set but no native build is installed"
+    files = [importlib.import_module(m).__file__ or "" for m in NATIVE_MODULES]
+    assert [f.endswith(".py") for f in files] == [not native] * len(files), files
+    assert build.build() == ("native" if native else "python")
+
+
+POINT = (
+    "import json; from runs.config import RunConfig; from sim.options import SimOptions; "
+    "from sim.sweep import GridOptions, grid, run_point; "
+    "c = RunConfig(num_requests=300, qps=7.5, mode='5P3C'); "
+    "p = grid(c, GridOptions(), [7.5], SimOptions(), None)[0]; "
+    "print(json.dumps(run_point(p), sort_keys=True))"
+)
+
+
+def _point(cwd: Path) -> dict[str, object]:
+    env = os.environ | {"PYTHONPATH": str(cwd)}
+    out = subprocess.run([sys.executable, "-c", POINT], cwd=cwd, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    result: dict[str, object] = json.loads(out.stdout)
+    result.pop("sim_wall_s")
+    return result
+
+
+def test_native_and_python_give_the_same_point(tmp_path: Path) -> None:
+    if build.build() != "native":
+        pytest.skip("no native build installed (SANGAM_NATIVE=1 pip install -e . makes one)")
+    native, python = _point(ROOT), _point(python_tree(tmp_path))
+    assert (native.pop("build"), python.pop("build")) == ("native", "python")
+    assert native == python and native["completed"] == 300
+
+
+def test_built_files_are_what_clean_removes(tmp_path: Path) -> None:
+    _fake_sources(tmp_path)
+    (tmp_path / "runs").mkdir()
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    made = [
+        build.source_path("sangam.kv", tmp_path).with_suffix(suffix),
+        tmp_path / f"sangam_native__mypyc{suffix}",
+    ]
+    for path in [*made, tmp_path / "runs" / "native.json"]:
+        path.write_text("")
+    assert sorted(build.built_files(tmp_path)) == sorted([*made, tmp_path / "runs" / "native.json"])
+
+
+def test_frozen_dataclasses_of_the_native_modules_stay_python_classes() -> None:
+    """Process pools and Ray pickle them, and a frozen native class cannot be unpickled; a Python
+    class with slots keeps its fields in member descriptors, a native one in getset descriptors."""
+    frozen = [
+        cls
+        for module in NATIVE_MODULES
+        for _, cls in inspect.getmembers(importlib.import_module(module), inspect.isclass)
+        if cls.__module__ == module and dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+    ]
+    assert {"LinkSpec", "ClusterConfig", "Coefficients", "Features"} <= {cls.__name__ for cls in frozen}
+    for cls in frozen:
+        for field in dataclasses.fields(cls):
+            assert isinstance(cls.__dict__[field.name], types.MemberDescriptorType), (cls, field.name)

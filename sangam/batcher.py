@@ -99,10 +99,6 @@ class Batcher(Generic[P]):
     def has_work(self) -> bool:
         return bool(self._waiting or self._ready or self.decodes)
 
-    @property
-    def waiting_tokens(self) -> int:
-        return sum(r.seq_len for _, _, r in self._waiting)
-
     def add_prefill(self, req: Request) -> None:
         """Queue the current block's prefill, ordered by the request's original arrival."""
         heapq.heappush(self._waiting, (req.arrival, req.id, req))

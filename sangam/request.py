@@ -61,11 +61,6 @@ class Request:
         return -(-self.output_len // BLOCK)
 
     @property
-    def remaining_steps(self) -> int:
-        """Forwards left in the current block."""
-        return self.steps[self.block] - self.step
-
-    @property
     def finished(self) -> bool:
         return self.block >= len(self.steps)  # one count per block (checked at init)
 

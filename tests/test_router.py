@@ -144,6 +144,29 @@ def test_hybrid_overflow_leaves_pages_for_prefilled_requests_waiting_to_decode()
     assert r.on_arrival(1.0, late) == [] and r.num_pending == 1
 
 
+def test_hybrid_drains_prefilled_kv_before_pending_prefills() -> None:
+    """Colocated pages that come free go first to a prefilled request waiting to decode (Algorithm 2's
+    pending decodes), then to the pending prefills: here the waiting prefill would take them and strand
+    the prefilled KV on the prefill worker, as the overflow check counts the backlog only in total."""
+    r = router("1P2C", pages=20, theta=100)
+    r.free[2] = 5  # colocated worker 2 holds another request's KV throughout
+    x = make_request(1, 16 * 16, arrival=0.0, steps=(3,))  # 16 pages
+    assert r.on_arrival(0.0, x) == [Dispatch(x, 0)]
+    assert r.on_iteration(0.5, 0, prefilled(x, handoff=True)) == [Transfer(x, 0, 1)]
+    assert r.on_transfer_done(0.6, x, 0) == [] and r.free[:2] == [20, 4]
+    w = make_request(2, 16 * 12, arrival=1.0, steps=(3,))  # 12 pages
+    assert r.on_arrival(1.0, w) == [Dispatch(w, 0)]  # 192 outstanding tokens: the prefill pool is over theta
+    p = make_request(3, 16 * 9, arrival=2.0)  # 9 pages: none free for it on any worker
+    assert r.on_arrival(2.0, p) == []
+    assert r.on_iteration(3.0, 0, prefilled(w, handoff=True)) == []  # w's KV needs 12 pages to decode
+    assert (r.num_decode_ready, r.num_pending) == (1, 1)
+    # x's block ends: worker 1 has 20 free pages, enough for w (then 8 are left, too few for p) or p
+    assert r.on_iteration(4.0, 1, block_ended(x, 4.0)) == [Transfer(w, 0, 1)]
+    assert r.free == [8, 8, 5] and (r.num_decode_ready, r.num_pending) == (0, 1)
+    assert r.on_transfer_done(4.1, w, 0) == [Dispatch(p, 0)]  # the prefill worker's pages are back
+    assert not p.record.overflow and p.record.dispatch == 4.1
+
+
 def test_hybrid_pending_queue_is_head_of_line_by_original_arrival() -> None:
     r = router("1P1C", pages=10, theta=10_000)
     big = make_request(1, 16 * 9, arrival=0.0)
@@ -189,6 +212,25 @@ def test_fastdllm_sends_every_block_back_to_its_worker_and_arrivals_wait_in_orde
     r.on_iteration(2.0, da.worker, prefilled(a))
     assert r.on_iteration(2.5, da.worker, block_ended(a, 2.5)) == [Dispatch(c, da.worker)]  # c before d
     assert r.on_iteration(3.0, db.worker, block_ended(b, 3.0)) == [Dispatch(d, db.worker)]
+
+
+def test_fastdllm_routes_a_held_requests_next_block_before_pending_prefills() -> None:
+    """The prefill worker's pages that come free go first to the next block of a request that holds its
+    decode worker, then to the pending prefills (here one that has claimed a worker but found no pages)."""
+    r = router("1P3D", pages=10, policy=Policy.FASTDLLM)
+    a = make_request(1, 16 * 8, arrival=0.0, steps=(3, 3))  # 8 pages a block: one at a time on worker 0
+    b, c = make_request(2, 16 * 8, arrival=1.0, steps=(3,)), make_request(3, 16 * 8, arrival=1.5, steps=(3,))
+    assert r.on_arrival(0.0, a) == [Dispatch(a, 0)]
+    da = r.holder.index(a.id)
+    assert r.on_iteration(0.5, 0, prefilled(a, handoff=True)) == [Transfer(a, 0, da)]
+    assert r.on_transfer_done(0.6, a, 0) == []
+    assert r.on_arrival(1.0, b) == [Dispatch(b, 0)]
+    assert r.on_arrival(1.5, c) == [] and c.id in r.holder  # c holds the last decode worker, not the pages
+    assert r.on_iteration(2.0, da, block_ended(a, 2.0)) == []  # a's second block waits for the pages too
+    db = r.holder.index(b.id)
+    assert r.on_iteration(3.0, 0, prefilled(b, handoff=True)) == [Transfer(b, 0, db)]
+    assert r.on_transfer_done(3.1, b, 0) == [Dispatch(a, 0)]  # a's block, though c waits as well
+    assert r.num_pending == 1 and r.free[0] == 2
 
 
 def test_fastdllm_disaggregated_decodes_every_block_on_the_claimed_worker() -> None:

@@ -129,8 +129,6 @@ def load_profile_dir(model: str, directory: str, gpu: str, root: Path = DATA) ->
 
 
 def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coefficients, dict[str, Any]]:
-    from profiles.fit import Sample, fit  # numpy: only needed when the cache is stale
-
     data, _, cache = paths(model, gpu, root)
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
     buckets = list(meta.get("graph_buckets", ()))
@@ -145,6 +143,8 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
             )
             if key == (digest, buckets, COEFFICIENT_NAMES):
                 return Coefficients(**cached["coefficients"]), cached
+    from profiles.fit import Sample, fit  # numpy (and scipy): only once the cache is stale
+
     samples = [Sample(Features.of(shape, tuple(buckets)), seconds) for shape, seconds in read_samples(data)]
     report = {**fit(samples).as_dict(), "data_sha256": digest, "graph_buckets": buckets}
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -147,3 +147,23 @@ def test_cost_model_equals_the_fitted_formula(buckets: tuple[int, ...]) -> None:
         mb = Microbatch(tuple(reqs[len(prefills) :]), tuple(reqs[: len(prefills)]), 0, 0, 0, 0)
         expected = predict(TRUE, Features.of(Shape(prefills, decodes), buckets))
         assert model.seconds(mb) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_shipped_profiles_load_from_their_caches_without_numpy() -> None:
+    """`sangam sim` runs on the core dependencies alone: every shipped fit cache is fresh, so no load
+    refits (the fit needs numpy) or writes into the installed package."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"  # any import of numpy now fails
+        "from profiles.store import DATA, load_profile_dir\n"
+        "for meta in sorted(DATA.glob('*/*.meta.json')):\n"
+        "    model, directory = meta.name.split('.')[0], meta.parent.name\n"
+        "    gpu = __import__('json').loads(meta.read_text()).get('gpu', directory)\n"
+        "    assert load_profile_dir(model, directory, gpu) is not None, meta\n"
+        "    print(directory, model)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split("\n")) > 4  # several profiles were loaded

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from executor.kv_transfer import TRANSPORTS, KVPacker, LinkConfig, PairLink, one_line, open_store
-from executor.ports import free_port
+from executor.run.ports import free_port
+from executor.transfer.links import TRANSPORTS, KVPacker, LinkConfig, PairLink, one_line, open_store
 from sangam.hardware import PAGE, lookup_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

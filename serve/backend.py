@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from executor.client import AsyncSangamClient, SangamError, WatchStream
-from executor.messages import ClusterStatus, RequestState, Submission
+from executor.control.client import AsyncSangamClient, SangamError, WatchStream
+from executor.control.messages import ClusterStatus, RequestState, Submission
 
 UNCLAIMED_S = 60.0  # how long a finished request's last state waits for a stream to follow it
 

@@ -20,11 +20,11 @@ from types import FrameType
 
 import uvicorn
 
-from executor.client import SangamError
-from executor.launcher import LiveError, LocalCluster
-from executor.live import LivePlan, plural, ready_facts, write_served
-from executor.live_collect import Collector
-from executor.live_options import LiveOptions
+from executor.control.client import SangamError
+from executor.run.launcher import LiveError, LocalCluster
+from executor.run.live import LivePlan, plural, ready_facts, write_served
+from executor.run.live_collect import Collector
+from executor.run.live_options import LiveOptions
 from serve.app import AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
 from serve.options import ServeOptions

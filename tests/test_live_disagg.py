@@ -13,7 +13,7 @@ import pytest
 from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
 from cli.live import run as run_live
-from executor.launcher import (
+from executor.run.launcher import (
     ClusterSpec,
     LocalCluster,
     WorkerSpec,
@@ -21,7 +21,7 @@ from executor.launcher import (
     gpu_workers,
     resolve_transport,
 )
-from executor.live import page_leaks, rebuild
+from executor.run.live import page_leaks, rebuild
 from profiles.link_fit import fit_link, recorded_command
 from sangam.config import RunConfig, with_arrival_times
 from sangam.hardware import lookup_model

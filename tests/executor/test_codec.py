@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor import codec
-from executor.messages import (
+from executor.control import codec
+from executor.control.messages import (
     ClusterStatus,
     ModelFacts,
     RequestState,

@@ -11,9 +11,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from executor import codec, rpc
-from executor.client import SangamError, WatchStream
-from executor.messages import RequestState, RequestStatus, Submission, Submitted, WatchBatch
+from executor.control import codec, rpc
+from executor.control.client import SangamError, WatchStream
+from executor.control.messages import RequestState, RequestStatus, Submission, Submitted, WatchBatch
 from executor.proto import sangam_pb2 as pb
 
 

@@ -1,4 +1,4 @@
-"""A worker's own ends of KV transfers (disaggregated and hybrid layouts), beside its `Engine`.
+"""A worker's own ends of KV transfers (disaggregated and hybrid layouts), beside its engine.
 
 A prefill-role worker keeps each handed-off block's KV (`keep`) until the scheduler's RELEASE; a SEND
 packs those pages for the peer. A RECEIVE allocates pages here for a block the scheduler's order
@@ -7,30 +7,53 @@ emitted as a `TransferEvent` into the worker's report stream (`Engine.emit`). A 
 KV is being received keeps its pages until the receive ends: the link thread writes into them till then.
 A receive still waiting for its peer (a lost worker never comes) is told to stop waiting.
 
-Everything here changes the engine's jobs, batcher and pool, so it runs under `Engine.lock` (from the
-gRPC threads that carry orders and the link threads that finish transfers).
+Everything here changes the engine's jobs, batcher and pool, so it runs under the engine's lock (from
+the gRPC threads that carry orders and the link threads that finish transfers). The engine
+(`executor.worker.engine.Engine`) is seen only through `WorkerEngine`, what the ends need of it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
-import torch
+from collections.abc import Sequence
+from typing import Protocol
 
 from executor.control.admission import check_work
-from executor.control.messages import TransferEvent, TransferKind, TransferOrder
+from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
 from executor.transfer.links import KVTransfers, TransferError, TransferJob, TransferResult
+from sangam.batcher import Batcher
 from sangam.hardware import BLOCK, pages_for
 
-if TYPE_CHECKING:
-    from executor.worker.engine import Engine
+
+class WorkerEngine(Protocol):
+    """What the ends need of the worker's engine; every call is made under its lock."""
+
+    @property
+    def worker_id(self) -> int: ...
+
+    @property
+    def batcher(self) -> Batcher: ...
+
+    def emit(self, event: TransferEvent) -> None:
+        """Put a transfer event on the worker's report stream."""
+
+    def free(self, local: int) -> None:
+        """Forget the job `local`, which holds pages outside the batcher's queues, and free its pages."""
+
+    def receiving_job(
+        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int
+    ) -> tuple[int, tuple[int, ...]]:
+        """A new job for a block whose KV is received here, resumed at `step` with `block_tokens`, and
+        `pages` pages allocated to it: its local id and the pages."""
+
+    def start_decode(self, local: int) -> None:
+        """The job `local`, its KV received, joins the batcher's decodes."""
 
 
 class TransferEnds:
     """The KV this worker keeps for transfers out, and receives for transfers in."""
 
-    def __init__(self, engine: Engine, links: KVTransfers | None) -> None:
+    def __init__(self, engine: WorkerEngine, links: KVTransfers | None) -> None:
         self.engine = engine
         self.links = links
         self.handed: dict[tuple[int, int], int] = {}  # (request id, block) -> local id: prefilled, KV kept
@@ -88,7 +111,7 @@ class TransferEnds:
                 self.cancelled.discard(local)
                 self.engine.free(local)
             elif result.ok:
-                self.engine.batcher.add_decode(self.engine.jobs[local].req)
+                self.engine.start_decode(local)
             else:
                 self.engine.free(local)
         self.engine.emit(event)
@@ -119,19 +142,15 @@ class TransferEnds:
         pool = engine.batcher.pool
         if not pool.can_allocate(order.pages):
             raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
-        job = engine.new_job(work, call)
-        job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(order.block_tokens))
-        job.req.step = order.step
-        pages = tuple(pool.allocate(job.req.id, order.pages))
-        engine.jobs[job.req.id] = job
-        self.receiving[order.transfer_id, order.attempt] = job.req.id
-        self.receive_jobs[job.req.id] = receive = _transfer_job(order, pages)
+        local, pages = engine.receiving_job(work, call, order.block_tokens, order.step, order.pages)
+        self.receiving[order.transfer_id, order.attempt] = local
+        self.receive_jobs[local] = receive = _transfer_job(order, pages)
         try:
             self.links.receive(order.peer, receive)
         except TransferError:
-            engine.free(job.req.id)
+            engine.free(local)
             del self.receiving[order.transfer_id, order.attempt]
-            del self.receive_jobs[job.req.id]
+            del self.receive_jobs[local]
             raise
 
     def _release(self, order: TransferOrder) -> TransferEvent:

@@ -174,6 +174,22 @@ class Engine:
         job = self.jobs.pop(local)
         self.batcher.release(job.req)
 
+    def receiving_job(
+        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int
+    ) -> tuple[int, tuple[int, ...]]:
+        """A job for a block whose KV `TransferEnds` receives, resumed at `step` with `block_tokens`, with
+        `pages` pages allocated to it (under the lock): its local id and the pages."""
+        job = self.new_job(work, call)
+        job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(block_tokens))
+        job.req.step = step
+        allocated = tuple(self.batcher.pool.allocate(job.req.id, pages))
+        self.jobs[job.req.id] = job
+        return job.req.id, allocated
+
+    def start_decode(self, local: int) -> None:
+        """A job whose KV was received joins the batcher's decodes (under the lock)."""
+        self.batcher.add_decode(self.jobs[local].req)
+
     def step(self, on_launch: Callable[[], None] = lambda: None) -> IterationReport | None:
         """Run one iteration; None if the batcher formed an empty microbatch. `on_launch` is called once
         the iteration's GPU work is queued, before its wait for the results."""

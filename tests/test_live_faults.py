@@ -243,9 +243,9 @@ def test_forged_reports_are_refused_and_change_nothing(tmp_path: Path) -> None:
         stats = IterationStats(9, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0)
         forged = IterationReport(stats, 0.0, finished=(BlockDone(rid, 0, (7,) * 32, 1, 0.0),))
         with pytest.raises(grpc.RpcError) as refused:
-            control.Report(codec.reports_to_pb(ReportBatch(9, (forged,))), timeout=5)
+            control.Report(codec.to_pb(ReportBatch(9, (forged,))), timeout=5)
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        control.Report(codec.reports_to_pb(ReportBatch(1 - holder, (forged,))), timeout=5)
+        control.Report(codec.to_pb(ReportBatch(1 - holder, (forged,))), timeout=5)
         result = client.wait(rid, timeout=60)
         assert result.status == "DONE" and result.token_ids[:32] != (7,) * 32
         after = client.status()

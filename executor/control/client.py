@@ -29,7 +29,14 @@ import grpc.aio
 
 from executor.control import codec, rpc
 from executor.control.auth import metadata
-from executor.control.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerExit
+from executor.control.messages import (
+    ClusterStatus,
+    RequestState,
+    Sampling,
+    Submission,
+    WatchBatch,
+    WorkerExit,
+)
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from sangam.request import Request
 
@@ -99,14 +106,14 @@ class SangamClient:
         submission = Submission(
             tuple(prompt_ids), gen_len, Sampling(threshold, temperature, seed), tuple(forwards or ())
         )
-        reply = self._call("Submit", self._stub.Submit, codec.submission_to_pb(submission))
+        reply = self._call("Submit", self._stub.Submit, codec.to_pb(submission))
         return codec.submit_reply_from_pb(reply)
 
     def submit_future(self, submission: Submission) -> Future[RequestState]:
         """Send a Submit without waiting; the future's result is the request's first state, or a
         `SangamError`."""
         out: Future[RequestState] = Future()
-        call = self._stub.Submit.future(codec.submission_to_pb(submission), timeout=self.timeout)
+        call = self._stub.Submit.future(codec.to_pb(submission), timeout=self.timeout)
 
         def done(call: grpc.Future) -> None:
             try:
@@ -118,7 +125,7 @@ class SangamClient:
         return out
 
     def poll(self, request_id: int) -> RequestState:
-        return codec.state_from_pb(self._call("Poll", self._stub.Poll, codec.request_ref(request_id)))
+        return codec.from_pb(self._call("Poll", self._stub.Poll, codec.request_ref(request_id)), RequestState)
 
     def stream(self, request_id: int, *, timeout: float = STREAM_TIMEOUT_S) -> Iterator[RequestState]:
         """The current state, then one update per finished block, ending with DONE or ERROR. When the
@@ -126,7 +133,7 @@ class SangamClient:
         call = self._stub.Stream(codec.request_ref(request_id), timeout=timeout)
         try:
             for state in call:
-                yield codec.state_from_pb(state)
+                yield codec.from_pb(state, RequestState)
             return
         except grpc.RpcError as err:
             if _code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
@@ -157,7 +164,7 @@ class SangamClient:
         raise SangamError(f"{self.address}: request {request_id} still {result.status} when its stream ended")
 
     def status(self) -> ClusterStatus:
-        return codec.status_from_pb(self._call("Status", self._stub.Status, codec.status_request()))
+        return codec.from_pb(self._call("Status", self._stub.Status, codec.status_request()), ClusterStatus)
 
     def results(self, first: int = 0) -> list[Request]:
         """Every finished request from the `first`-th on (in order of their end), times in the
@@ -181,7 +188,7 @@ class SangamClient:
                         f"{self.address}: not reachable: {rpc.describe(err)}", err.code().name
                     ) from None
             else:
-                status = codec.status_from_pb(reply)
+                status = codec.from_pb(reply, ClusterStatus)
                 if status.failure:
                     raise SangamError(status.failure)
                 if status.ready:
@@ -195,7 +202,8 @@ class SangamClient:
 
     def cancel(self, request_id: int) -> RequestState:
         """End a queued or running request (its worker drops it); its state after the call."""
-        return codec.state_from_pb(self._call("Cancel", self._stub.Cancel, codec.request_ref(request_id)))
+        state = self._call("Cancel", self._stub.Cancel, codec.request_ref(request_id))
+        return codec.from_pb(state, RequestState)
 
     def shutdown(self) -> None:
         """Ask the scheduler to stop every worker and itself (needs the api key, if the server has one)."""
@@ -231,7 +239,7 @@ class AsyncSangamClient:
 
     async def submit(self, submission: Submission) -> RequestState:
         """Queue a request: its first state (status ERROR and the reason for bad input)."""
-        message = codec.submission_to_pb(submission)
+        message = codec.to_pb(submission)
         reply = await self._call("Submit", self._stub.Submit(message, **self._options()))
         return codec.submit_reply_from_pb(reply)
 
@@ -243,7 +251,7 @@ class AsyncSangamClient:
         )
         try:
             async for state in call:
-                yield codec.state_from_pb(state)
+                yield codec.from_pb(state, RequestState)
             return
         except grpc.RpcError as err:
             if _code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
@@ -265,17 +273,17 @@ class AsyncSangamClient:
 
     async def poll(self, request_id: int) -> RequestState:
         state = await self._call("Poll", self._stub.Poll(codec.request_ref(request_id), **self._options()))
-        return codec.state_from_pb(state)
+        return codec.from_pb(state, RequestState)
 
     async def cancel(self, request_id: int) -> RequestState:
         state = await self._call(
             "Cancel", self._stub.Cancel(codec.request_ref(request_id), **self._options())
         )
-        return codec.state_from_pb(state)
+        return codec.from_pb(state, RequestState)
 
     async def status(self) -> ClusterStatus:
         reply = await self._call("Status", self._stub.Status(codec.status_request(), **self._options()))
-        return codec.status_from_pb(reply)
+        return codec.from_pb(reply, ClusterStatus)
 
     def _options(self) -> dict[str, Any]:
         return {"timeout": self.timeout, "metadata": self._metadata}
@@ -346,7 +354,7 @@ class WatchStream:
         empty batch first, once the scheduler follows the stream. Ends when the scheduler stops."""
         try:
             async for message in self._call:
-                batch = codec.watch_batch_from_pb(message)
+                batch = codec.from_pb(message, WatchBatch)
                 for submitted in batch.submitted:
                     answer = self._answers.get(submitted.tag)
                     if answer is None or answer.done():  # its caller gave up
@@ -392,7 +400,7 @@ def report_worker_exit(
     channel = rpc.channel(control)
     try:
         pb_grpc.ControlStub(channel).WorkerExited(
-            codec.exit_to_pb(exit), timeout=timeout, metadata=metadata(secret)
+            codec.to_pb(exit), timeout=timeout, metadata=metadata(secret)
         )
     except grpc.RpcError:
         return False

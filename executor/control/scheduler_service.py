@@ -53,12 +53,15 @@ from executor.control.iteration_log import IterationLog
 from executor.control.messages import (
     BlockWork,
     DropOrder,
+    Registration,
+    ReportBatch,
     RequestState,
     Submission,
     Submitted,
     TransferOrder,
     WatchBatch,
     WorkBatch,
+    WorkerExit,
 )  # fmt: skip
 from executor.control.process_specs import SchedulerLaunch, read_spec
 from executor.control.retry import deliver
@@ -220,7 +223,7 @@ class SchedulerCore:
     # ---- gRPC threads ----------------------------------------------------------------------------------
 
     def register(self, msg: pb.RegisterRequest) -> pb.RegisterReply:
-        reg = codec.registration_from_pb(msg)
+        reg = codec.from_pb(msg, Registration)
         with self._links_lock:
             answer = self.state.register(reg)
             old = self.links.get(reg.worker_id)
@@ -258,7 +261,7 @@ class SchedulerCore:
 
     def report(self, msg: pb.ReportBatch) -> str | None:
         """Queue a worker's report batch; why it is refused (a lost or unknown sender), or None."""
-        batch = codec.reports_from_pb(msg)
+        batch = codec.from_pb(msg, ReportBatch)
         reason = self.state.refusal(batch)
         if reason is not None:
             log.warning("report refused: %s", reason)
@@ -268,7 +271,7 @@ class SchedulerCore:
 
     def worker_exited(self, msg: pb.WorkerExit) -> None:
         """The launcher saw a worker process exit: that process's worker is lost (a later one stays)."""
-        exit = codec.exit_from_pb(msg)
+        exit = codec.from_pb(msg, WorkerExit)
         with self._links_lock:
             info = self.state.workers.get(exit.worker_id)
             if info is None or info.registration.pid != exit.pid:
@@ -399,7 +402,7 @@ class SchedulerCore:
         with suppress(grpc.FutureTimeoutError):  # connect now, not on the first dispatch
             grpc.channel_ready_future(link.channel).result(timeout=rpc.CALL_TIMEOUT_S)
         while (batch := link.next_batch()) is not None:
-            message = codec.work_to_pb(batch)
+            message = codec.to_pb(batch)
             try:
                 delivered = deliver(
                     partial(link.stub.Enqueue, message, timeout=rpc.CALL_TIMEOUT_S),
@@ -444,27 +447,27 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         reason = self.core.unavailable()
         if reason is not None:
             context.abort(grpc.StatusCode.UNAVAILABLE, reason)
-        return codec.submit_reply(self.core.submit(codec.submission_from_pb(request)))
+        return codec.submit_reply(self.core.submit(codec.from_pb(request, Submission)))
 
     def Poll(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
-        return codec.state_to_pb(self.core.state.poll(request.request_id))
+        return codec.to_pb(self.core.state.poll(request.request_id))
 
     def Stream(self, request: pb.RequestRef, context: grpc.ServicerContext) -> Iterator[pb.RequestState]:
         for state in self.core.stream(request.request_id, context.is_active):
-            yield codec.state_to_pb(state)
+            yield codec.to_pb(state)
 
     def Watch(
         self, requests: Iterator[pb.WatchRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.StateBatch]:
-        submits = ((m.tag, codec.submission_from_pb(m.submit)) for m in requests if m.HasField("submit"))
+        submits = ((m.tag, codec.from_pb(m.submit, Submission)) for m in requests if m.HasField("submit"))
         for batch in self.core.watch(submits, context.is_active):
-            yield codec.watch_batch_to_pb(batch)
+            yield codec.to_pb(batch)
 
     def Cancel(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
-        return codec.state_to_pb(self.core.cancel(request.request_id))
+        return codec.to_pb(self.core.cancel(request.request_id))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        return codec.status_to_pb(self.core.state.status())
+        return codec.to_pb(self.core.state.status())
 
     def Results(self, request: pb.ResultsRequest, context: grpc.ServicerContext) -> pb.ResultsReply:
         records = self.core.state.records[request.first :]  # appended to only: a slice is a snapshot

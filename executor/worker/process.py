@@ -47,6 +47,7 @@ from executor.control.messages import (
     IterationReport,
     Registered,
     Registration,
+    WorkBatch,
 )
 from executor.control.process_specs import WorkerLaunch, read_spec
 from executor.model.kv_cache import PagedKVCache
@@ -71,7 +72,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.worker = worker
 
     def Enqueue(self, request: pb.EnqueueBatch, context: grpc.ServicerContext) -> pb.EnqueueReply:
-        batch = codec.work_from_pb(request)
+        batch = codec.from_pb(request, WorkBatch)
         for work in batch.blocks:
             reason = check_work(work)
             if reason is not None:
@@ -219,7 +220,7 @@ def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.devic
 
 def register(control: pb_grpc.ControlStub, registration: Registration, timeout: float = 30.0) -> Registered:
     """Register with the scheduler, retrying while it is not reachable yet; the accepted registration."""
-    message = codec.registration_to_pb(registration)
+    message = codec.to_pb(registration)
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -93,7 +93,7 @@ class ReportSender:
         )
 
     def _send(self, batch: ReportBatch) -> bool:
-        message: pb.ReportBatch = codec.reports_to_pb(batch)
+        message: pb.ReportBatch = codec.to_pb(batch)
         try:
             return deliver(
                 partial(self.control.Report, message, timeout=rpc.CALL_TIMEOUT_S),

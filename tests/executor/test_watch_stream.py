@@ -39,7 +39,7 @@ class FakeCall:
 
     async def answer(self, tag: int, request_id: int) -> None:
         state = RequestState(request_id, RequestStatus.QUEUED)
-        await self.replies.put(codec.watch_batch_to_pb(WatchBatch([], [Submitted(tag, state)])))
+        await self.replies.put(codec.to_pb(WatchBatch([], [Submitted(tag, state)])))
 
 
 async def settle(done: object) -> None:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executor.client import SangamClient, SangamError
-from executor.ports import free_port
+from executor.control.client import SangamClient, SangamError
+from executor.run.ports import free_port
 from runs.args import positive_float, positive_int
 from runs.config import RunConfig, with_arrival_times
 from runs.traces import read_trace
@@ -51,7 +51,7 @@ from sim.run import simulate
 
 MASK_LEN = 128
 PROGRESS = "uniform:8:24"
-TINY_PAGES = 4096  # executor.live_models.TINY_PAGES: the live run's pages, given to the twin
+TINY_PAGES = 4096  # executor.model.live_models.TINY_PAGES: the live run's pages, given to the twin
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,10 @@ Run on the accelerator machine (FlashInfer installed): `python -m benchmarks.dec
    rows per item) and Dream-7B (28 query heads over 4 KV heads, 33 rows), planned three ways:
    - `eager`: FlashInfer outside graphs (query tile from the mean item, KV split to fill the GPU);
    - `graph`: FlashInfer's CUDA-graph mode (always split; an MHA model also carries the empty tile entries of
-     `executor.cuda_graphs`, without which the tile would be sized for one item holding every row);
+     `executor.model.cuda_graphs`, without which the tile would be sized for one item holding every row);
    - `exact`: `FlashInferAttention(exact_grid=True)`, one work tile per item and query tile, KV unsplit;
    - `exact/2`, `exact/4`: the same with each item's rows cut into 2 or 4 sub-items over its whole KV
-     (`executor.cuda_graphs.unsplit_subitems`), where each holds at least 16 packed rows.
+     (`executor.model.cuda_graphs.unsplit_subitems`), where each holds at least 16 packed rows.
    Each is captured in a CUDA graph of 20 runs and timed by replay (so host launches do not count), checked
    against `eager`, and put against the bound of reading the layer's KV once. The host time of one plan
    comes next to it: FlashInfer's own `plan` on the first call, then `FlashInferAttention`'s replans.
@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from executor.attention import AttentionLayout
-from executor.cuda_graphs import TILE_ROWS, subitem_rows
-from executor.flashinfer_backend import FlashInferAttention
+from executor.model.attention import AttentionLayout
+from executor.model.cuda_graphs import TILE_ROWS, subitem_rows
+from executor.model.flashinfer_backend import FlashInferAttention
 from sangam.hardware import PAGE, pages_for
 
 HEAD_DIM, CONTEXT, REPLAYS = 128, 1819, 20

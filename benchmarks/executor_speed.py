@@ -38,13 +38,15 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from executor.attention import TorchAttention
-from executor.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
-from executor.flashinfer_backend import FlashInferAttention, make_backend, warm_up_kernels
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, ModelConfig, full_size, layers, random_model
+from executor.model import layers
+from executor.model.attention import TorchAttention
+from executor.model.config import Family, ModelConfig, full_size
+from executor.model.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
+from executor.model.flashinfer_backend import FlashInferAttention, make_backend, warm_up_kernels
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
 from sangam.hardware import BLOCK, GPUS, MODELS, ModelSpec, pages_for
 from sangam.kv import PagePool
 

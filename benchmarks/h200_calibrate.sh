@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
     timeout "$limit" "$@"; local rc=$?; echo "## $name: exit $rc after $((SECONDS - t0)) s"; return $rc; }
 
-step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
+step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
 for what in "$@"; do
     case $what in
         graphs) step graphs 240 python3 -m pytest -q -m gpu -p no:cacheprovider \

@@ -39,7 +39,7 @@ if [[ $STEPS == *ours* ]]; then
     cp "/tmp/ours/h200/$MODEL.meta.json" "$OUT/ours.meta.json"
 fi
 if [[ $STEPS == *cache* ]]; then
-    [[ $STEPS == *ours* ]] || step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
+    [[ $STEPS == *ours* ]] || step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
     tar czf "$OUT/jit-cache.tgz" -C ~/.cache $(cd ~/.cache && ls -d flashinfer triton tvm-ffi 2>/dev/null)
     ls -la "$OUT"; du -sh ~/.cache/*
 fi

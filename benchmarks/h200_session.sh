@@ -18,7 +18,7 @@ python3 -c 'import torch, flashinfer; print("torch", torch.__version__, "flashin
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
     timeout "$limit" "$@"; local rc=$?; echo "## $name: exit $rc after $((SECONDS - t0)) s"; return $rc; }
 
-step jit 150 python3 -c 'from executor.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
+step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
 step measure 90 python3 -m calib.link_fit measure --name h200-gloo-shared --device cuda:0 \
     --transport gloo --repeats 3 --limit 80 --out "$OUT" \
     --note "two worker processes sharing one H200: gloo over loopback TCP, staged through pinned host memory"

@@ -15,7 +15,7 @@ to DIR/serve_bench.json, with two measures of the HTTP overhead:
   scheduler's own for the same request (matched by the `x-sangam-request-id` header against the
   server's `--out` requests.csv): tokenization, HTTP, Submit and the stream's delivery;
 - `grpc_overhead_median_ms`: the same for the trace sent a second time to the same server's scheduler
-  straight over gRPC (`executor.client.AsyncSangamClient`, what serve's backend does): the control
+  straight over gRPC (`executor.control.client.AsyncSangamClient`, what serve's backend does): the control
   plane's share (the worker's report, the scheduler's publish, the stream), so that
   `http_minus_grpc_overhead_median_ms` is what HTTP itself adds;
 - `http_overhead_mean_pct`: the mean of the first measure as a share of the HTTP run's mean end-to-end
@@ -51,9 +51,9 @@ from typing import Any
 import httpx
 
 from benchmarks.http_stream import Client
-from executor.client import AsyncSangamClient, SangamError
-from executor.messages import Submission
-from executor.ports import free_port
+from executor.control.client import AsyncSangamClient, SangamError
+from executor.control.messages import Submission
+from executor.run.ports import free_port
 from runs.args import positive_float, positive_int
 from sangam.hardware import BLOCK
 from sangam.workload import TraceRow, sample_lengths, with_arrivals

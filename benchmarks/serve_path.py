@@ -1,6 +1,6 @@
 """Where a request's time goes outside the model: one request at a time through `sangam serve`'s
 `/v1/completions` (streamed), alternating with the same request sent straight to its scheduler over gRPC
-(`executor.client.AsyncSangamClient`, what serve's backend does), on the tiny CPU model.
+(`executor.control.client.AsyncSangamClient`, what serve's backend does), on the tiny CPU model.
 
 Run: python -m benchmarks.serve_path [--requests 40] [--out FILE] [-- SERVE ARGS]
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 from benchmarks.http_stream import Client
 from benchmarks.serve_bench import wait_healthy
-from executor.client import AsyncSangamClient
-from executor.messages import Submission
-from executor.ports import free_port
+from executor.control.client import AsyncSangamClient
+from executor.control.messages import Submission
+from executor.run.ports import free_port
 from runs.args import positive_int
 from sangam.hardware import BLOCK
 

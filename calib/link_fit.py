@@ -2,7 +2,7 @@
 
     python -m calib.link_fit measure --name cpu-gloo --device cpu
 
-measures the live KV transfer path (`executor.kv_transfer`: pack, send, receive, unpack, from the sender's
+measures the live KV transfer path (`executor.transfer.links`: pack, send, receive, unpack, from the sender's
 start to the receiver's end) for several sizes between two processes, fits seconds = latency + bytes /
 bandwidth, and writes the link profile `profiles/data/links/<name>.json`.
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from executor.kv_transfer import TRANSPORTS, KVPacker, LinkConfig, PairLink, one_line, open_store
-from executor.ports import free_port
+from executor.run.ports import free_port
+from executor.transfer.links import TRANSPORTS, KVPacker, LinkConfig, PairLink, one_line, open_store
 from sangam.hardware import PAGE, lookup_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

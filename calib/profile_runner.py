@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from executor.engine import Engine, Job, build_model, build_runner
-from executor.kv_cache import PagedKVCache
-from executor.sampler import SamplingParams
+from executor.model.kv_cache import PagedKVCache
+from executor.model.sampler import SamplingParams
+from executor.worker.engine import Engine, Job, build_model, build_runner
 from profiles.shapes import Shape
 from runs.tally import Tally, Watcher
 from sangam.batcher import Batcher

@@ -133,8 +133,8 @@ def run_validate(
 
 def run_live_point(cfg: RunConfig, out: Path) -> None:
     """`sangam live` of `cfg` on its first `cfg.gpus` GPUs, results and iteration log in `out`."""
-    from executor.live import plan_run, run_live
-    from executor.live_options import LiveOptions
+    from executor.run.live import plan_run, run_live
+    from executor.run.live_options import LiveOptions
 
     options = LiveOptions(gpus=tuple(range(cfg.gpus)), model=cfg.model)
     plan = plan_run(dataclasses.replace(cfg, pages=None), options)

@@ -6,8 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from executor.live_models import TINY_PAGES
-from executor.live_options import CPU_NUM_REQUESTS, LIVE_NUM_REQUESTS, LiveOptions, with_env_api_key
+from executor.model.live_models import TINY_PAGES
+from executor.run.live_options import CPU_NUM_REQUESTS, LIVE_NUM_REQUESTS, LiveOptions, with_env_api_key
 from runs.config import RunConfig, RunFiles
 from runs.options import add_options, collect, listed
 
@@ -36,7 +36,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
-    from executor.live import plan_run, run_live
+    from executor.run.live import plan_run, run_live
 
     options = with_env_api_key(collect(LiveOptions, args), os.environ)
     given = args.num_requests is not None

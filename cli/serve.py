@@ -7,8 +7,8 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from executor.live_models import TINY_PAGES
-from executor.live_options import LiveOptions, with_env_api_key
+from executor.model.live_models import TINY_PAGES
+from executor.run.live_options import LiveOptions, with_env_api_key
 from runs.config import RunConfig, RunFiles
 from runs.options import add_options, collect
 from serve.options import ServeOptions
@@ -39,7 +39,7 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.live import plan_run
+    from executor.run.live import plan_run
     from serve.server import run_server
 
     live = with_env_api_key(collect(LiveOptions, args, host="127.0.0.1", port=0, serve=True), os.environ)

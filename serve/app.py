@@ -26,8 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from executor.client import SangamError
-from executor.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
+from executor.control.client import SangamError
+from executor.control.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
 from sangam.hardware import BLOCK, pages_for
 from serve import protocol as api
 from serve.backend import Backend, Limits, ServingState

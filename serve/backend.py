@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from executor.client import AsyncSangamClient, SangamError, WatchStream
-from executor.messages import ClusterStatus, RequestState, Submission
+from executor.control.client import AsyncSangamClient, SangamError, WatchStream
+from executor.control.messages import ClusterStatus, RequestState, Submission
 
 UNCLAIMED_S = 60.0  # how long a finished request's last state waits for a stream to follow it
 
@@ -68,7 +68,7 @@ class ServingState:
 
 
 class Backend(Protocol):
-    """The scheduler as the app sees it (`executor.client.AsyncSangamClient`'s calls)."""
+    """The scheduler as the app sees it (`executor.control.client.AsyncSangamClient`'s calls)."""
 
     async def submit(self, submission: Submission) -> RequestState:
         """Queue a request: its first state (ERROR and the reason when the scheduler refuses it)."""
@@ -87,7 +87,8 @@ class ClusterBackend:
     asyncio channel is opened on first use, inside the server's event loop.
 
     One Watch stream, opened before the first request, carries every request's Submit and the updates
-    of them all (`executor.scheduler`): no call per request, so no bound on the requests followed at
+    of them all (`executor.control.scheduler_service`): no call per request, so no bound on the
+    requests followed at
     once. A state may come before the Submit's answer that names its request, so the
     latest state of each request is kept until its stream has read it to the end; a finished one that
     no stream follows within `UNCLAIMED_S` is dropped (refused at Submit, or given up before it was

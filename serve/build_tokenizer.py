@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 DATA = Path(__file__).resolve().parent / "data"
 EOS, MASK = "<|endoftext|>", "<|mdm_mask|>"
-EOS_ID, MASK_ID = 298, 299  # executor.models.config.tiny: eos_ids (298,), mask_id 299
+EOS_ID, MASK_ID = 298, 299  # executor.model.config.tiny: eos_ids (298,), mask_id 299
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS + "\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

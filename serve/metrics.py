@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from executor.messages import RequestState, WorkerState
+from executor.control.messages import RequestState, WorkerState
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 FORWARD_BUCKETS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32)

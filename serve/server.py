@@ -1,5 +1,5 @@
 """`sangam serve` in one process: uvicorn runs the HTTP app on the main thread while a thread starts the
-cluster of `sangam live` (scheduler and worker processes, `executor.launcher`) and then watches it.
+cluster of `sangam live` (scheduler and worker processes, `executor.run.launcher`) and then watches it.
 
 The HTTP port answers from the first moment: 503 until every worker has registered. A process that dies
 turns every later request (and `/health`) into 503. SIGTERM or Ctrl-C drains: new requests get 503,
@@ -20,11 +20,11 @@ from types import FrameType
 
 import uvicorn
 
-from executor.client import SangamError
-from executor.launcher import LiveError, LocalCluster
-from executor.live import LivePlan, plural, ready_facts, write_served
-from executor.live_collect import Collector
-from executor.live_options import LiveOptions
+from executor.control.client import SangamError
+from executor.run.launcher import LiveError, LocalCluster
+from executor.run.live import LivePlan, plural, ready_facts, write_served
+from executor.run.live_collect import Collector
+from executor.run.live_options import LiveOptions
 from serve.app import AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
 from serve.options import ServeOptions

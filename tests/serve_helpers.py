@@ -17,7 +17,7 @@ import httpx
 import uvicorn
 from live_helpers import subprocess_env
 
-from executor.messages import ClusterStatus, RequestState, RequestStatus, Submission, WorkerState
+from executor.control.messages import ClusterStatus, RequestState, RequestStatus, Submission, WorkerState
 from serve.app import AppConfig, create_app
 from serve.backend import Limits, ServingState
 from serve.server import listen

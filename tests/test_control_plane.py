@@ -20,13 +20,13 @@ import grpc
 import pytest
 from live_helpers import REPO_ROOT, connected_ports, listening_ports, replay, subprocess_env, write_trace
 
-from executor import auth, rpc, scheduler
-from executor.client import AsyncSangamClient, SangamClient, SangamError
-from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
-from executor.live_options import API_KEY_ENV, LiveOptions, with_env_api_key
-from executor.messages import RequestState
+from executor.control import auth, rpc, scheduler_service
+from executor.control.client import AsyncSangamClient, SangamClient, SangamError
+from executor.control.messages import RequestState
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
+from executor.run.launcher import ClusterSpec, LocalCluster, cpu_workers
+from executor.run.live_options import API_KEY_ENV, LiveOptions, with_env_api_key
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -283,7 +283,10 @@ def test_open_streams_never_starve_submit_status_and_health(cluster: LocalCluste
             assert next(iter(client.stream(0, timeout=5))).status == "RUNNING"
             assert client.wait(10**9, timeout=5).status == "NOT_FOUND"
             assert asyncio.run(first_async_update(cluster.address)).status == "RUNNING"
-        assert first == {"open": scheduler.CLIENT_STREAMS_PER_PEER, "ended": {"RESOURCE_EXHAUSTED": 172}}
+        assert first == {
+            "open": scheduler_service.CLIENT_STREAMS_PER_PEER,
+            "ended": {"RESOURCE_EXHAUSTED": 172},
+        }
         assert second == {"open": 64, "ended": {"RESOURCE_EXHAUSTED": 136}}
     finally:
         for proc in (one, two):

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.executor_speed import SPECS, Row, bound, count, main, serial_bound_ms
-from executor.models import Family
+from executor.model.config import Family
 from sangam.hardware import BLOCK
 
 

@@ -19,11 +19,11 @@ import pytest
 from live_helpers import child_pids, descendants, live_args, replay, subprocess_env, wait_gone, write_trace
 
 from cli.live import run as run_live
-from executor.client import SangamClient, SangamError
-from executor.codec import record_of, request_from_record
-from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
-from executor.messages import RequestStatus
-from executor.models.config import TINY_CONTEXT
+from executor.control.client import SangamClient, SangamError
+from executor.control.codec import record_of, request_from_record
+from executor.control.messages import RequestStatus
+from executor.model.config import TINY_CONTEXT
+from executor.run.launcher import ClusterSpec, LocalCluster, cpu_workers
 from runs.config import RunConfig, build_requests, with_arrival_times
 from runs.results import ITERATION_COLUMNS, PARTS
 from runs.traces import read_trace
@@ -303,7 +303,9 @@ def test_an_unresponsive_scheduler_ends_the_run_with_one_line(
         time.sleep(0.5 if requests > 100 else 1.0)  # mid-replay; all 6 submitted (at 20 QPS), none done
         children = descendants(launcher.pid)
         (scheduler,) = (
-            p for p in children if b"executor.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
+            p
+            for p in children
+            if b"executor.control.scheduler_service" in Path(f"/proc/{p}/cmdline").read_bytes()
         )
         assert launcher.poll() is None  # the run is still going
         os.kill(scheduler, signal.SIGSTOP)  # alive, answering nothing: each call runs into its deadline

@@ -14,7 +14,7 @@ from live_helpers import child_pids, live_args, replay, wait_gone, write_trace
 
 from calib.link_fit import fit_link, recorded_command
 from cli.live import run as run_live
-from executor.launcher import (
+from executor.run.launcher import (
     ClusterSpec,
     LocalCluster,
     WorkerSpec,
@@ -22,7 +22,7 @@ from executor.launcher import (
     gpu_workers,
     resolve_transport,
 )
-from executor.live import page_leaks, rebuild
+from executor.run.live import page_leaks, rebuild
 from runs.config import RunConfig, with_arrival_times
 from runs.results import PARTS
 from runs.traces import read_trace

@@ -19,12 +19,12 @@ import grpc
 import pytest
 from live_helpers import descendants, subprocess_env, wait_gone, write_trace
 
-from executor import codec, rpc
-from executor.client import SangamClient, SangamError
-from executor.launcher import ClusterSpec, LocalCluster, cpu_workers
-from executor.messages import BlockDone, IterationReport, IterationStats, ReportBatch
-from executor.ports import free_port
+from executor.control import codec, rpc
+from executor.control.client import SangamClient, SangamError
+from executor.control.messages import BlockDone, IterationReport, IterationStats, ReportBatch
 from executor.proto import sangam_pb2_grpc as pb_grpc
+from executor.run.launcher import ClusterSpec, LocalCluster, cpu_workers
+from executor.run.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -212,7 +212,7 @@ def test_a_killed_scheduler_and_a_sigterm_write_partial_results(tmp_path: Path) 
             else:
                 (scheduler,) = (
                     p for p in descendants(run.proc.pid)
-                    if b"executor.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
+                    if b"executor.control.scheduler_service" in Path(f"/proc/{p}/cmdline").read_bytes()
                 )  # fmt: skip
                 os.kill(scheduler, signal.SIGKILL)
             code, err = run.finish()
@@ -243,9 +243,9 @@ def test_forged_reports_are_refused_and_change_nothing(tmp_path: Path) -> None:
         stats = IterationStats(9, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0)
         forged = IterationReport(stats, 0.0, finished=(BlockDone(rid, 0, (7,) * 32, 1, 0.0),))
         with pytest.raises(grpc.RpcError) as refused:
-            control.Report(codec.reports_to_pb(ReportBatch(9, (forged,))), timeout=5)
+            control.Report(codec.to_pb(ReportBatch(9, (forged,))), timeout=5)
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        control.Report(codec.reports_to_pb(ReportBatch(1 - holder, (forged,))), timeout=5)
+        control.Report(codec.to_pb(ReportBatch(1 - holder, (forged,))), timeout=5)
         result = client.wait(rid, timeout=60)
         assert result.status == "DONE" and result.token_ids[:32] != (7,) * 32
         after = client.status()

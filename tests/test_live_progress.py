@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from live_helpers import replay, write_trace
 
-from executor.live_tally import LiveTally, mean_e2e_s
-from executor.messages import ClusterStatus
+from executor.control.messages import ClusterStatus
+from executor.run.live_tally import LiveTally, mean_e2e_s
 from runs.tally import Tally
 from sangam.request import BlockRecord, Request
 

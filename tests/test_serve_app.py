@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server, letter
 
-from executor.client import SangamError
-from executor.messages import ClusterStatus, RequestState, Submission
+from executor.control.client import SangamError
+from executor.control.messages import ClusterStatus, RequestState, Submission
 from serve.app import CONTEXT_IDS, Output
 from serve.backend import ServingState
 from serve.server import listen

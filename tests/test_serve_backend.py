@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from executor.client import SangamError
-from executor.messages import RequestState, RequestStatus, Submission
+from executor.control.client import SangamError
+from executor.control.messages import RequestState, RequestStatus, Submission
 from serve.backend import ClusterBackend
 
 

@@ -18,8 +18,8 @@ from live_helpers import descendants, wait_gone
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import TOKENIZER, start_serve, wait_http
 
-from executor.client import SangamClient
-from executor.ports import free_port
+from executor.control.client import SangamClient
+from executor.run.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

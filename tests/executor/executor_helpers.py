@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, ModelConfig, Transformer
-from executor.models.checkpoint import checkpoint_names
+from executor.model.checkpoint import checkpoint_names
+from executor.model.config import Family, ModelConfig
+from executor.model.microbatch import ForwardItem, Phase
+from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK
 
 

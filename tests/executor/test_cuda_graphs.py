@@ -10,18 +10,19 @@ import torch
 from executor_helpers import committed
 from torch import Tensor
 
-from executor.attention import AttentionLayout, TorchAttention, same_layout
-from executor.cuda_graphs import (
+from executor.model.attention import AttentionLayout, TorchAttention, same_layout
+from executor.model.config import Family, tiny
+from executor.model.cuda_graphs import (
     DEFAULT_BUCKETS,
     TILE_ROWS,
     GraphedModelRunner,
     subitem_rows,
     unsplit_subitems,
 )
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, random_model, tiny
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
 from sangam.hardware import pages_for
 from sangam.kv import PagePool
 

@@ -9,12 +9,14 @@ import torch
 from executor_helpers import bits, dense_block_logits
 from torch import Tensor
 
-from executor.attention import TorchAttention
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, ModelConfig, Transformer, random_model, tiny
-from executor.sampler import BlockStep, SamplingParams, block_done, unmask
+from executor.model.attention import TorchAttention
+from executor.model.config import Family, ModelConfig, tiny
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
+from executor.model.sampler import BlockStep, SamplingParams, block_done, unmask
+from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor.attention import TorchAttention
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, full_size, random_model, tiny
-from executor.sampler import BlockStep, SamplingParams, unmask
+from executor.model.attention import TorchAttention
+from executor.model.config import Family, full_size, tiny
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
+from executor.model.sampler import BlockStep, SamplingParams, unmask
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
 

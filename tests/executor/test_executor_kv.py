@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from executor.attention import AttentionLayout, TorchAttention
-from executor.kv_cache import KVSlots, PagedKVCache
+from executor.model.attention import AttentionLayout, TorchAttention
+from executor.model.kv_cache import KVSlots, PagedKVCache
 from sangam.hardware import PAGE, pages_for
 from sangam.kv import PagePool
 

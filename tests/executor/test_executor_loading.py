@@ -10,7 +10,10 @@ import torch
 from executor_helpers import hf_config_json, save_checkpoint
 from safetensors.torch import load_file, save_file
 
-from executor.models import Family, Transformer, full_size, load_checkpoint, random_model, read_config, tiny
+from executor.model.config import Family, full_size, tiny
+from executor.model.hf_config import read_config
+from executor.model.loading import load_checkpoint, random_model
+from executor.model.transformer import Transformer
 from sangam.hardware import MODELS
 
 

@@ -8,7 +8,9 @@ from executor_helpers import dense_logits
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from executor.models import Family, Transformer, random_model, tiny
+from executor.model.config import Family, tiny
+from executor.model.loading import random_model
+from executor.model.transformer import Transformer
 
 
 def hf_twin(model: Transformer) -> nn.Module:

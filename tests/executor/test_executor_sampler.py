@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from executor.sampler import (
+from executor.model.sampler import (
     BlockStep,
     SamplingParams,
     before_eos,

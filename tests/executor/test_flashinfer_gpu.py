@@ -10,13 +10,16 @@ import torch
 from executor_helpers import bits, committed
 from torch import Tensor
 
-from executor.attention import AttentionLayout, TorchAttention
-from executor.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
-from executor.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
-from executor.forward import ModelRunner, SlotStore
-from executor.kv_cache import KVSlots, PagedKVCache
-from executor.microbatch import ForwardItem, Phase
-from executor.models import Family, ModelConfig, Transformer, layers, random_model, tiny
+from executor.model import layers
+from executor.model.attention import AttentionLayout, TorchAttention
+from executor.model.config import Family, ModelConfig, tiny
+from executor.model.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
+from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
+from executor.model.forward import ModelRunner, SlotStore
+from executor.model.kv_cache import KVSlots, PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
+from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 from sangam.kv import PagePool
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from executor.launcher import Child
-from executor.live_collect import Collector
+from executor.run.launcher import Child
+from executor.run.live_collect import Collector
 
 
 class FakeScheduler:

@@ -8,10 +8,10 @@ import time
 import grpc
 import pytest
 
-from executor import report_sender
-from executor.messages import IterationReport, IterationStats
+from executor.control.messages import IterationReport, IterationStats
 from executor.proto import sangam_pb2 as pb
-from executor.report_sender import ReportSender
+from executor.worker import report_sender
+from executor.worker.report_sender import ReportSender
 
 
 class Refused(grpc.RpcError):

@@ -1,4 +1,4 @@
-"""`executor.retry.deliver`: how many attempts a call gets, and when it gives up quietly or loudly."""
+"""`executor.control.retry.deliver`: how many attempts a call gets, and when it gives up quietly or loudly."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import grpc
 import pytest
 
-from executor.retry import deliver
+from executor.control.retry import deliver
 
 
 class Failure(grpc.RpcError):

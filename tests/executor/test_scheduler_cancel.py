@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from test_scheduler_state import PROMPT, registration, state, stats
 
-from executor.messages import (
+from executor.control.messages import (
     BlockWork,
     DropOrder,
     IterationReport,
@@ -14,7 +14,7 @@ from executor.messages import (
     RequestStatus,
     Submission,
 )
-from executor.scheduler_state import CANCELLED
+from executor.control.scheduler_state import CANCELLED
 
 
 def test_a_running_request_is_dropped_on_its_worker_and_its_charge_released() -> None:

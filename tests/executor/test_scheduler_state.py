@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from executor.messages import (
+from executor.control.messages import (
     BlockDone,
     BlockWork,
     DropOrder,
@@ -23,7 +23,7 @@ from executor.messages import (
     TransferOrder,
     WorkBatch,
 )
-from executor.scheduler_state import SchedulerState
+from executor.control.scheduler_state import SchedulerState
 from runs.results import RecoveryCounts
 
 PAGES = 100
@@ -301,7 +301,7 @@ def test_a_worker_holding_work_is_lost_after_the_timeout_without_a_report_and_an
 
 
 def test_a_drop_issued_after_work_for_the_same_worker_goes_in_the_next_enqueue_call() -> None:
-    from executor.scheduler import WorkerLink
+    from executor.control.scheduler_service import WorkerLink
 
     link = WorkerLink(0, "127.0.0.1:1", "secret")
     a, b = BlockWork(1, 0.0, 0, 20, 64, PROMPT), BlockWork(2, 0.0, 0, 20, 64, PROMPT)

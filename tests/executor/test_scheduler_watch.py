@@ -5,9 +5,16 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 
-from executor.messages import Registration, RequestState, RequestStatus, Submission, Submitted, WatchBatch
-from executor.scheduler import SchedulerCore
-from executor.scheduler_state import SchedulerState
+from executor.control.messages import (
+    Registration,
+    RequestState,
+    RequestStatus,
+    Submission,
+    Submitted,
+    WatchBatch,
+)
+from executor.control.scheduler_service import SchedulerCore
+from executor.control.scheduler_state import SchedulerState
 
 PROMPT = tuple(range(1, 21))
 Sent = queue.SimpleQueue[tuple[int, Submission] | None]

@@ -13,8 +13,9 @@ import torch
 from executor_helpers import save_checkpoint
 from serve_helpers import TOKENIZER, start_serve, wait_http  # tests/ (conftest.py's folder) is on sys.path
 
-from executor.models import Family, random_model, tiny
-from executor.ports import free_port
+from executor.model.config import Family, tiny
+from executor.model.loading import random_model
+from executor.run.ports import free_port
 from serve.tokenizer import BUILTIN, Message
 
 pytestmark = pytest.mark.timeout(180)

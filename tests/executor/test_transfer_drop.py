@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from executor.kv_transfer import LinkConfig, PairLink, TransferError
-from executor.ports import free_port
+from executor.run.ports import free_port
+from executor.transfer.links import LinkConfig, PairLink, TransferError
 
 CONFIG = LinkConfig("gloo", timeout_s=30.0, setup_timeout_s=5.0)
 

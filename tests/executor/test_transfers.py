@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from executor.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
-from executor.transfers import Arrived, GivenUp, KVTransfer, Order, Released, Transfers
+from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
+from executor.control.scheduler_transfers import Arrived, GivenUp, KVTransfer, Order, Released, Transfers
 from sangam.request import Request
 
 SRC, DST = 0, 1

@@ -11,9 +11,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from executor import codec, rpc
-from executor.client import SangamError, WatchStream
-from executor.messages import RequestState, RequestStatus, Submission, Submitted, WatchBatch
+from executor.control import codec, rpc
+from executor.control.client import SangamError, WatchStream
+from executor.control.messages import RequestState, RequestStatus, Submission, Submitted, WatchBatch
 from executor.proto import sangam_pb2 as pb
 
 
@@ -39,7 +39,7 @@ class FakeCall:
 
     async def answer(self, tag: int, request_id: int) -> None:
         state = RequestState(request_id, RequestStatus.QUEUED)
-        await self.replies.put(codec.watch_batch_to_pb(WatchBatch([], [Submitted(tag, state)])))
+        await self.replies.put(codec.to_pb(WatchBatch([], [Submitted(tag, state)])))
 
 
 async def settle(done: object) -> None:

@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
-from executor.attention import TorchAttention
-from executor.engine import Engine
-from executor.forward import ModelRunner
-from executor.kv_cache import PagedKVCache
-from executor.kv_transfer import TransferJob, TransferResult
-from executor.messages import BlockWork, TransferEvent, TransferKind
-from executor.models import Family, random_model, tiny
+from executor.control.messages import BlockWork, TransferEvent, TransferKind
+from executor.model.attention import TorchAttention
+from executor.model.config import Family, tiny
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.transfer.links import TransferJob, TransferResult
+from executor.worker.engine import Engine
 from sangam.batcher import Batcher
 from sangam.budget import BatchConfig
 from sangam.hardware import BLOCK, pages_for

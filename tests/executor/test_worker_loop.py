@@ -9,9 +9,9 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from executor.messages import IterationReport, IterationStats
+from executor.control.messages import IterationReport, IterationStats
 from executor.proto import sangam_pb2 as pb
-from executor.worker import WorkerProcess
+from executor.worker.process import WorkerProcess
 
 
 def stats(start: float) -> IterationStats:

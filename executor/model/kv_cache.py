@@ -1,0 +1,81 @@
+"""The paged KV cache: one `(num_pages, 2, PAGE, kv_heads, head_dim)` tensor per layer.
+
+Page accounting is sangam's: the worker's `sangam.kv.PagePool` (the same one its batcher allocates
+from) decides which request holds which page ids, and this cache only stores K/V at those ids. The
+layout is FlashInfer's paged NHD layout, with K stored after RoPE, so a FlashInfer backend can read
+these tensors as they are. One more page than the pool holds, `scratch_page`, takes the K/V of query
+rows that a forward computes but must not keep (a Dream decode's row left of its block), so every
+forward stores all its rows in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from executor.model.config import ModelConfig
+from sangam.hardware import PAGE
+from sangam.kv import PagePool
+
+
+@dataclass(frozen=True, slots=True)
+class KVSlots:
+    """Where written K/V rows land: a page id and an offset inside that page per row."""
+
+    pages: Tensor  # (rows,) int64
+    offsets: Tensor  # (rows,) int64
+
+    @staticmethod
+    def of(page_table: Sequence[int], positions: Tensor) -> KVSlots:
+        """Slots of absolute `positions` (rows,) of a request holding `page_table`, on positions' device."""
+        table = torch.as_tensor(page_table, dtype=torch.long, device=positions.device)
+        return KVSlots(table[positions // PAGE], positions % PAGE)
+
+
+def gather_kv(kv_layer: Tensor, pages: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+    """K and V, each (kv_len, kv_heads, head_dim), of the first `kv_len` positions stored in `pages`."""
+    kv = kv_layer[pages].transpose(0, 1).flatten(1, 2)  # (2, pages * PAGE, kv_heads, head_dim)
+    return kv[0, :kv_len], kv[1, :kv_len]
+
+
+class PagedKVCache:
+    """Per-layer paged K/V storage sized to a `PagePool`; page ids index its first dimension."""
+
+    def __init__(
+        self,
+        pool: PagePool,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        self.pool = pool
+        self.scratch_page = pool.capacity  # past every id the pool hands out; no attention reads it
+        shape = (pool.capacity + 1, 2, PAGE, kv_heads, head_dim)
+        self.layers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+    @classmethod
+    def for_model(
+        cls, pool: PagePool, config: ModelConfig, *, dtype: torch.dtype, device: str | torch.device
+    ) -> PagedKVCache:
+        return cls(pool, config.layers, config.kv_heads, config.head_dim, dtype=dtype, device=device)
+
+    def page_table(self, owner: int) -> list[int]:
+        """The page ids `owner` (a request id) holds in the pool, in position order."""
+        return self.pool.pages_of(owner)
+
+    def write(self, layer: int, slots: KVSlots, k: Tensor, v: Tensor) -> None:
+        """Store K and V rows, each (W, kv_heads, head_dim), at `slots`, overwriting what was there."""
+        kv = self.layers[layer]
+        kv[slots.pages, 0, slots.offsets] = k.to(kv.dtype)
+        kv[slots.pages, 1, slots.offsets] = v.to(kv.dtype)
+
+    def gather(self, layer: int, owner: int, kv_len: int) -> tuple[Tensor, Tensor]:
+        """`owner`'s K and V for positions [0, kv_len) of `layer`."""
+        pages = torch.as_tensor(self.page_table(owner), dtype=torch.long, device=self.layers[layer].device)
+        return gather_kv(self.layers[layer], pages, kv_len)

@@ -1,0 +1,96 @@
+"""The bidirectional transformer both families share, over packed (ragged) tokens.
+
+The model never sees a KV cache or a batch layout: each layer hands its post-RoPE q, k, v to a
+`LayerAttention` callable, which decides where K/V live (paged cache, or a dense test reference) and
+how the ragged items attend. So the same module serves mixed prefill/decode microbatches, tests, and
+later CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from executor.model.config import ModelConfig
+from executor.model.layers import RMSNorm, Rotary, SwiGLU
+
+
+class LayerAttention(Protocol):
+    """Non-causal attention for one layer: q (T, heads, d), k and v (T, kv_heads, d) -> (T, heads, d)."""
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.qkv = nn.Linear(config.hidden, config.qkv_width, bias=config.qkv_bias)
+        self.out = nn.Linear(config.heads * config.head_dim, config.hidden, bias=False)
+
+    def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
+        q, k = rope(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim))
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        return self.out(attend(layer, q, k, v).flatten(1))
+
+
+class Layer(nn.Module):
+    """Pre-norm block: h = x + attn(norm(x)), then h + mlp(norm(h)).
+
+    Over the residual stream, each add is deferred to the norm after it (`RMSNorm.add_norm`, one fused kernel
+    on a GPU): the block takes the previous block's MLP output (None for the first block) and the stream
+    before it, and hands on its own.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden, config.rms_eps)
+        self.attn = SelfAttention(config)
+        self.mlp_norm = RMSNorm(config.hidden, config.rms_eps)
+        self.mlp = SwiGLU(config.hidden, config.intermediate)
+
+    def forward(
+        self, delta: Tensor | None, residual: Tensor, rope: Rotary, layer: int, attend: LayerAttention
+    ) -> tuple[Tensor, Tensor]:
+        """(this block's MLP output, the stream it adds to) from the last block's and its stream."""
+        if delta is None:
+            normed = self.attn_norm(residual)
+        else:
+            normed, residual = self.attn_norm.add_norm(delta, residual)
+        normed, residual = self.mlp_norm.add_norm(self.attn(normed, rope, layer, attend), residual)
+        return self.mlp(normed), residual
+
+
+class Transformer(nn.Module):
+    """LLaDA-8B / Dream-7B body and untied head with fused qkv and gate_up weights."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab, config.hidden)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.layers))
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, tokens: Tensor, positions: Tensor, attend: LayerAttention, head_rows: Tensor) -> Tensor:
+        """Logits (len(head_rows), vocab) at packed rows `head_rows` of `tokens` (T,) at `positions` (T,).
+
+        The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
+        """
+        rope = Rotary(positions, self.config.head_dim, self.config.rope_theta)
+        delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend)
+        for index in range(1, len(self.layers)):
+            delta, residual = self.layers[index](delta, residual, rope, index, attend)
+        return self.lm_head(self.norm.add_norm(delta[head_rows], residual[head_rows])[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype

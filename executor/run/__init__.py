@@ -1,0 +1,2 @@
+"""Run orchestration: the launcher of the scheduler and worker processes, `sangam live` (options,
+replay, collection, progress tally) and loopback ports."""

@@ -88,8 +88,7 @@ class ClusterBackend:
 
     One Watch stream, opened before the first request, carries every request's Submit and the updates
     of them all (`executor.control.scheduler_service`): no call per request, so no bound on the
-    requests followed at
-    once. A state may come before the Submit's answer that names its request, so the
+    requests followed at once. A state may come before the Submit's answer that names its request, so the
     latest state of each request is kept until its stream has read it to the end; a finished one that
     no stream follows within `UNCLAIMED_S` is dropped (refused at Submit, or given up before it was
     followed). A Watch stream that ends once it was up means the scheduler is gone: every stream and

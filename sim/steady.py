@@ -129,7 +129,7 @@ def requests_needed(requests: int, resolution: float, deficit: float) -> int:
     `resolution` (a random walk's: as the square root of the length), to two significant figures."""
     if resolution <= deficit:
         return requests
-    needed = requests * (resolution / deficit) ** 2
+    needed = max(1.0, requests * (resolution / deficit) ** 2)
     unit = 10 ** max(0, int(math.log10(needed)) - 1)
     return int(math.ceil(needed / unit) * unit)
 

@@ -52,10 +52,14 @@ def grid_points(
     """The points of `sangam sweep` and `sangam search` on the testbed the options name (`--testbed`,
     else `sangam-<gpu>`), resolved as `sangam sim` resolves a run; `fixed`: RunConfig values."""
     from cli.sim import given_options
+    from cli.trace import check_trace_name, refuse_rate_of_timed_trace
     from profiles.testbeds import choose_testbed, testbed_options
     from sim.options import SimOptions
     from sim.sweep import grid
 
+    for trace in grid_options.traces:
+        check_trace_name(trace)
+        refuse_rate_of_timed_trace(trace, getattr(args, "qps", None))  # search has no --qps
     testbed = choose_testbed(args.testbed, args.gpu)
     base = collect(RunConfig, args, gpu=testbed.gpu, **fixed)
     options = testbed_options(testbed, given_options(args, SimOptions))

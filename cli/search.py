@@ -24,6 +24,8 @@ COLUMNS = (
     "time_scale",
     "max_qps_under_slo",
     "capped",
+    "resolution_qps",
+    "requests_needed",
     "probes",
     "slo",
 )
@@ -68,12 +70,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
+    """`resolution_qps`: how far above the capacity the answer can be (the steadiness test's resolution
+    at it, empty if untested); `requests_needed`: empty where that is within the granularity, else about
+    how many requests per run would make it so."""
     cfg = answer.point.config
+    test = answer.steadiness
     return {
         "rank": rank, "model": cfg.model, "trace": cfg.trace, "layout": cfg.layout.name, "budget": cfg.budget,
         "theta": cfg.theta, "testbed": answer.point.sim.testbed, "time_scale": answer.point.sim.time_scale,
         "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
-        "probes": " ".join(f"{q:g}{'+' if ok else '-'}" for q, ok, _ in answer.probes),
+        "resolution_qps": None if test is None else float(f"{test.resolution_qps:.3g}"),
+        "requests_needed": answer.too_short(options.granularity), "probes": answer.marks(),
         "slo": " ".join(s.text for s in options.slo),
     }  # fmt: skip
 
@@ -103,12 +110,17 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
     first = rows[0]
     scale = f", times {first['time_scale']:g}" if first["time_scale"] != 1.0 else ""
     title = f"sangam search: max QPS under {slo} on testbed {first['testbed']}{scale}"
-    table = Table(title=title, box=box.SIMPLE_HEAD)
-    for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "probes (+ met, - missed)"):
+    caption = (
+        "+-: how far above the capacity max QPS can be; probes: + met the SLO, - missed it, ^ backlog grew"
+    )
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "+-", "probes"):
         table.add_column(header, justify="left" if header.startswith("probes") else "right")
     for r in rows:
         best = f"{'>=' if r['capped'] else ''}{r['max_qps_under_slo']:g}"
-        cells = (r["rank"], r["layout"], r["model"], Path(r["trace"]).name, r["budget"], r["theta"], best)
+        spread = "" if r["resolution_qps"] is None else f"{r['resolution_qps']:.2g}"
+        cells = (r["rank"], r["layout"], r["model"], Path(r["trace"]).name, r["budget"], r["theta"], best,
+                 spread)  # fmt: skip
         table.add_row(*map(str, cells), r["probes"])
     console = Console()
     console.print(table)
@@ -117,4 +129,21 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
         f"best: {best_row['layout']} (tau {best_row['budget']}, theta {best_row['theta']}) at "
         f"{best_row['max_qps_under_slo']:g} QPS",
         soft_wrap=True,
+    )
+    short = [r for r in rows if r["requests_needed"] is not None]
+    if short:
+        console.print(too_short_note(short, options), soft_wrap=True)
+
+
+def too_short_note(rows: list[dict[str, Any]], options: Any) -> str:
+    """What the runs could not tell: `+-` is how far above the capacity each answer can be (a backlog
+    growing more slowly goes unseen), and how many requests per run would resolve the granularity."""
+    worst = max(rows, key=lambda r: r["requests_needed"])
+    names = ", ".join(r["layout"] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+    g = options.granularity
+    return (
+        f"too short to tell: at {names} the runs cannot tell whether the answer keeps up to within the "
+        f"granularity {g:g} QPS (a backlog growing by less than the +- column, requests/s, goes unseen); "
+        f"about {worst['requests_needed']:,} requests (-n) would tell, or use --granularity "
+        f"{max(r['resolution_qps'] for r in rows):.2g}"
     )

@@ -54,6 +54,7 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
+    from cli.trace import check_trace_name, refuse_rate_of_timed_trace
     from profiles.testbeds import (
         choose_testbed,
         testbed_config,
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     files = dataclasses.replace(
         files, progress=testbed_progress(testbed, base.model, base.trace, files.progress)
     )
+    check_trace_name(base.trace)
+    refuse_rate_of_timed_trace(base.trace, args.qps)
     points = workload_points(base, listed(args, "qps", base.qps))
     requests = sum(len(rows) for _, rows in points)
     with bar("sim", "requests") if len(points) > 1 or requests >= MANY_REQUESTS else nullcontext() as watch:

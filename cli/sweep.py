@@ -52,10 +52,14 @@ def grid_points(
     """The points of `sangam sweep` and `sangam search` on the testbed the options name (`--testbed`,
     else `sangam-<gpu>`), resolved as `sangam sim` resolves a run; `fixed`: RunConfig values."""
     from cli.sim import given_options
+    from cli.trace import check_trace_name, refuse_rate_of_timed_trace
     from profiles.testbeds import choose_testbed
     from sim.options import SimOptions, options_on_testbed
     from sim.sweep import grid
 
+    for trace in grid_options.traces:
+        check_trace_name(trace)
+        refuse_rate_of_timed_trace(trace, getattr(args, "qps", None))  # search has no --qps
     testbed = choose_testbed(args.testbed, args.gpu)
     base = collect(RunConfig, args, gpu=testbed.gpu, **fixed)
     options = options_on_testbed(testbed, given_options(args, SimOptions))
@@ -88,9 +92,56 @@ def run(args: argparse.Namespace) -> int:
     rows = tidy_rows(points, summaries)
     written = write_table(rows, options.out) + plot_latency(rows, options.out)
     wall = time.perf_counter() - started
+    print_table(rows)
     print(f"{len(points)} points: {counts.ran} run, {counts.cached} from the cache ({wall:.1f} s)")
     for path in written:
         print(f"wrote {path}")
     if not any(p.suffix == ".parquet" for p in written):
         print("(no sweep.parquet: pyarrow is not installed)")
     return 0
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """One line per configuration and rate (seeds averaged): the served rate, mean and p99 end-to-end
+    latency, and whether every seed's run kept up with its arrivals (`sim.steady`); a run that did not
+    reach a steady state is marked, since its latencies grow with the run's length."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = ("model", "trace", "layout", "budget", "theta", "qps")
+    varied = [k for k in ("model", "trace", "budget", "theta") if len({str(r[k]) for r in rows}) > 1]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    headers = {"model": "model", "trace": "trace", "budget": "tau", "theta": "theta"}
+    table = Table(title="sangam sweep", box=box.SIMPLE_HEAD)
+    for header in ("layout", *(headers[k] for k in varied), "QPS", "served", "mean s", "p99 s", "steady"):
+        table.add_column(header, justify="right")
+    unsteady = 0
+    for key, members in groups.items():
+        named = dict(zip(keys, key, strict=True))
+        steady = [m.get("steady") for m in members]
+        unsteady += sum(s is False for s in steady)
+        mark = "-" if any(s is None for s in steady) else "yes" if all(steady) else "NO *"
+        served = [m["served_qps"] for m in members if m.get("served_qps") is not None]
+        cells = (
+            named["layout"], *(Path(str(named[k])).name if k == "trace" else named[k] for k in varied),
+            f"{named['qps']:g}", f"{sum(served) / len(served):.2f}" if served else "-",
+            _seconds(members, "mean_e2el_ms"), _seconds(members, "p99_e2el_ms"), mark,
+        )  # fmt: skip
+        table.add_row(*map(str, cells))
+    console = Console()
+    console.print(table)
+    if unsteady:
+        console.print(
+            f"* {unsteady} of {len(rows)} points did not reach a steady state: the number of requests in the "
+            "system grew over the second half of the run (served below offered), so their latencies "
+            "depend on the run's length (the steady column of sweep.csv)",
+            soft_wrap=True,
+        )
+
+
+def _seconds(members: list[dict[str, Any]], key: str) -> str:
+    values = [m[key] for m in members if m.get(key) is not None]
+    return f"{sum(values) / len(values) / 1000:.2f}" if values else "-"

@@ -7,6 +7,12 @@ until `hi - lo == g`. The answer is `lo`: probed, and met; `lo + g` was probed, 
 runs once per seed; a metric meets its limit when its mean over the seeds does. The search assumes the
 metric grows with the rate; where it does not (few requests, noise), the answer is a rate that meets
 the SLO with a failing rate one step above, not necessarily the highest such.
+
+A probe meets the SLO only if it also kept up with its arrivals (`sim.steady`: no significant growth of
+the number of requests in the system over the second half of the run, the seeds pooled): a run too
+short for an overloaded system's latency to grow would otherwise pass. The test's resolution at the
+answer says how far above the capacity the answer can be; where it is coarser than the granularity the
+run was too short to tell (`Answer.too_short`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from runs.results import METRICS
 from runs.tally import Tally, Watcher
 from sim.early_stop import STATS as EARLY_STATS
 from sim.early_stop import Exceeds
+from sim.steady import Steadiness, pooled, requests_needed
 from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
@@ -111,6 +118,7 @@ class Bracket:
     lo: int = 0
     hi: int | None = None
     probes: list[tuple[int, bool, dict[str, float]]] = field(default_factory=list)
+    tests: dict[int, Steadiness] = field(default_factory=dict)  # rate -> its probe's steadiness
 
     def next(self) -> int | None:
         """The next rate to probe, or None when the answer is known."""
@@ -147,6 +155,34 @@ class Answer:
     max_qps: float
     capped: bool
     probes: tuple[tuple[float, bool, dict[str, float]], ...]
+    tests: tuple[Steadiness | None, ...] = ()  # each probe's steadiness (None: not run to the end)
+
+    @property
+    def steadiness(self) -> Steadiness | None:
+        """The test at the answer's rate (None: no probe met the SLO, or its runs were not tested)."""
+        for (qps, _, _), test in zip(self.probes, self._tests(), strict=True):
+            if qps == self.max_qps:
+                return test
+        return None
+
+    def marks(self) -> str:
+        """The probes in order: `8+` met the SLO and kept up, `12^` did not keep up (its backlog grew),
+        `16-` missed the SLO."""
+        return " ".join(
+            f"{qps:g}{'+' if ok else '^' if test is not None and not test.kept_up else '-'}"
+            for (qps, ok, _), test in zip(self.probes, self._tests(), strict=True)
+        )
+
+    def too_short(self, granularity: float) -> int | None:
+        """None if the runs resolve a backlog growing by `granularity` at the answer, else about how
+        many requests per run would."""
+        test = self.steadiness
+        if test is None or test.resolution_qps <= granularity:
+            return None
+        return requests_needed(test.requests, test.resolution_qps, granularity)
+
+    def _tests(self) -> tuple[Steadiness | None, ...]:
+        return self.tests or (None,) * len(self.probes)
 
 
 def search(
@@ -195,15 +231,31 @@ def search(
             values = {
                 slo.text: slo.value(mine) if not stopped or slo.stop_rule(1) else math.nan for slo in slos
             }
+            test = _tested(mine)
             met = not stopped and all(slo.value(mine) <= slo.limit for slo in slos)
-            brackets[i].record(rate, met, values)
+            brackets[i].record(rate, met and (test is None or test.kept_up), values)
+            if test is not None:
+                brackets[i].tests[rate] = test
     if watch is not None:
         watch(Tally(done, done, f"{len(configs)}/{len(configs)} answered"))
     answers = [
-        Answer(p, _rate(b.lo, g), b.capped, tuple((_rate(r, g), ok, v) for r, ok, v in b.probes))
+        Answer(
+            p,
+            _rate(b.lo, g),
+            b.capped,
+            tuple((_rate(r, g), ok, v) for r, ok, v in b.probes),
+            tuple(b.tests.get(r) for r, _, _ in b.probes),
+        )
         for p, b in zip(configs, brackets, strict=True)
     ]
     return sorted(answers, key=lambda a: -a.max_qps)
+
+
+def _tested(summaries: Sequence[dict[str, Any]]) -> Steadiness | None:
+    """The seeds' steadiness pooled; None unless every seed's run was tested."""
+    tests = [Steadiness.from_summary(s) for s in summaries]
+    done = [t for t in tests if t is not None]
+    return pooled(done) if done and len(done) == len(tests) else None
 
 
 def _offset(watch: Watcher, before: int, total: int, note: str) -> Watcher:

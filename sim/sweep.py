@@ -36,6 +36,8 @@ from sangam.hardware import MODELS
 from sangam.layout import parse_mode
 from sim.early_stop import Exceeds
 from sim.options import SimOptions
+from sim.steady import KEYS as STEADY_KEYS
+from sim.steady import steadiness
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("sangam", "sim", "profiles")  # what a point's numbers depend on
@@ -187,7 +189,9 @@ def _cost_model(testbed: Testbed, model: str, cost: str, time_scale: float) -> t
 
 
 def run_point(point: Point) -> dict[str, Any]:
-    """Simulate one point in this process; its summary (as `sangam sim` writes it)."""
+    """Simulate one point in this process; its summary (as `sangam sim` writes it) with whether it
+    kept up with its arrivals (`sim.steady`; None for a run stopped early, with a request lost or too
+    few requests)."""
     from profiles.testbeds import choose_testbed
     from sim.run import simulate
 
@@ -208,6 +212,13 @@ def run_point(point: Point) -> dict[str, Any]:
     )
     summary = result.summary
     summary.update(cost_model=cost_name, kv_link=point.sim.kv_link(), control_ms=point.sim.control_ms)
+    test = None
+    if "stopped_at_s" not in summary and not any(req.error for req in result.requests):
+        test = steadiness(
+            [req.arrival for req in result.requests],
+            [end for req in result.requests if (end := req.blocks[-1].end) is not None and req.finished],
+        )
+    summary.update(test.summary() if test is not None else dict.fromkeys(STEADY_KEYS))
     return summary
 
 

@@ -315,3 +315,53 @@ def test_profile_measures_unless_logs_are_given() -> None:
     assert collect(ProfileOptions, parser.parse_args(["profile"])).from_log == ()
     given = parser.parse_args(["profile", "--from-log", "a.csv", "b.csv"])
     assert collect(ProfileOptions, given).from_log == (Path("a.csv"), Path("b.csv"))
+
+
+def test_a_rate_for_a_timed_trace_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace whose rows all have an arrival_time is replayed at its own rate (here 2 requests/s):
+    --qps 5 would be ignored, so sim and sweep refuse it in one line naming that rate."""
+    timed = tmp_path / "timed.csv"
+    timed.write_text("arrival_time,prompt_len,output_len\n0.0,100,64\n0.5,200,32\n1.0,100,32\n")
+    for command in (["sim"], ["sweep", "--out", str(tmp_path / "sweep")]):
+        assert main([*command, "--trace", str(timed), "--qps", "5", "-n", "10"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.count("\n") == 1 and f"--qps 5: {timed}: every row has an arrival_time (2 requests/s)" in err
+        )
+    assert main(["sim", "--trace", str(timed), "--out", str(tmp_path / "out")]) == 0  # no --qps: replayed
+
+
+def test_trace_help_says_qps_takes_one_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["trace", "--help"])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "--qps QPS, --request-rate QPS arrival rate, requests/s: one value, one trace" in printed
+    assert "several" not in printed
+    assert main(["trace", "--qps", "6,7", "-o", "x.csv"]) == 2
+    assert "6,7: a trace has one rate; run sangam trace once per rate" in capsys.readouterr().err
+
+
+def test_trace_to_dash_writes_stdout_not_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "-n", "3", "-o", "-"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0] == "arrival_time,prompt_len,output_len" and len(out.out.splitlines()) == 4
+    assert out.err == "wrote 3 requests to stdout\n" and list(tmp_path.iterdir()) == []
+    assert main(["trace", "-n", "3", "-o", "t.csv"]) == 0
+    assert (tmp_path / "t.csv").read_text() == out.out  # the same bytes as the file
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["sim"], ["trace", "-o", "x.csv"], ["sweep", "--out", "x"], ["search", "--slo", "p99_e2el_s=9"]],
+)
+def test_a_misspelt_trace_suggests_the_close_one(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--trace", "sharegtp", "-n", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trace sharegtp: unknown trace; did you mean sharegpt?" in err

@@ -4,8 +4,11 @@ on both sides of a knee, the ranking of several configurations, and bad input.""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +16,7 @@ from cli.main import main
 from runs.config import RunConfig
 from sim.options import SimOptions
 from sim.search import Bracket, SearchOptions, Slo, parse_slo, search
+from sim.steady import Steadiness
 from sim.sweep import Cache, Point
 from tests.factories import fake_runner
 
@@ -57,6 +61,59 @@ def test_a_probe_meets_the_slo_when_its_mean_over_the_seeds_does() -> None:
     (second,) = search(config, [slo], [1], fake_runner(metric), Cache(None), options)
     assert (both.max_qps, first.max_qps, second.max_qps) == (0.5, 2.0, 0.0)
     assert all(values["mean_e2el_s=2"] == 1000 * (q + 1.5) for q, _, values in both.probes)
+
+
+def test_a_probe_that_meets_the_slo_but_does_not_keep_up_fails() -> None:
+    """Latency meets the SLO at every rate (as in a run too short for a backlog to show), but above
+    5 QPS the number of requests in the system grows: the answer is 5, the probes above it are marked
+    ^, and the runs (500 requests, a resolution of 0.19 requests/s) are too short for a granularity of
+    0.1 but not of 0.5."""
+
+    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        for i, point in enumerate(points):
+            qps = point.config.qps
+            test = Steadiness(qps, max(0.0, qps - 5.0), 0.1, 500)
+            yield i, {"mean_e2el_ms": 1.0, "completed": 500, **test.summary()}
+
+    slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
+    options = SearchOptions(granularity=0.5, start_qps=1.0)
+    (answer,) = search([Point(RunConfig(), SimOptions())], [slo], [0], run, Cache(None), options)
+    assert answer.max_qps == 5.0 and not answer.capped
+    assert answer.marks() == "1+ 2+ 4+ 8^ 6^ 5+ 5.5^"
+    assert answer.steadiness is not None and answer.steadiness.growth_qps == 0.0
+    assert answer.too_short(0.5) is None and answer.too_short(0.1) == 1800  # 500 x (0.186 / 0.1)^2
+
+
+def test_the_answer_does_not_depend_on_the_run_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """8 colocated GPUs under p99_e2el_s=20 found 20.5 QPS in runs of 500 requests and 12.5 in runs of
+    4000 (granularity 0.5): a short run ends before an overloaded system's backlog, and with it its
+    latency, has grown. Probes that do not keep up fail now, and the answers at 500, 2000 and 4000
+    requests agree within the granularity plus each one's resolution; the short runs say they are."""
+    answers = {}
+    for n in (500, 2000, 4000):
+        out = tmp_path / f"{n}.csv"
+        args = [
+            "--gpus",
+            "8",
+            "--layouts",
+            "8C",
+            "-n",
+            str(n),
+            "--slo",
+            "p99_e2el_s=20",
+            "--granularity",
+            "1",
+        ]
+        assert main(["search", *args, "--start-qps", "8", "--jobs", "1", "--out", str(out)]) == 0
+        (answers[n],) = csv.DictReader(out.open())
+    printed = capsys.readouterr().out
+    found = {n: float(a["max_qps_under_slo"]) for n, a in answers.items()}
+    for a, b in itertools.combinations(answers, 2):
+        spread = 1 + float(answers[a]["resolution_qps"]) + float(answers[b]["resolution_qps"])
+        assert abs(found[a] - found[b]) <= spread, (found, answers)
+    assert answers[500]["requests_needed"] and "too short to tell" in printed
 
 
 def test_the_answer_meets_the_slo_in_sangam_sim_and_one_step_above_does_not(tmp_path: Path) -> None:

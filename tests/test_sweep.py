@@ -165,3 +165,17 @@ def test_the_code_version_hashes_sources_and_data_not_what_the_install_built(tmp
     assert code_version.__wrapped__(tmp_path) == version
     (tmp_path / "profiles" / "data.json").write_text('{"b": 2}')
     assert code_version.__wrapped__(tmp_path) != version
+
+
+def test_a_point_that_does_not_keep_up_is_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One GPU serves about 1.8 requests/s: at 0.5 it keeps up, at 20 the number of requests in the
+    system grows (served well below offered). sweep.csv says which in its steady column, and the printed
+    table marks the point."""
+    args = ["--gpus", "1", "--layouts", "1C", "-n", "200", "--cost", "analytic", "--qps", "0.5", "20"]
+    assert main(["sweep", *args, "--jobs", "1", "--out", str(tmp_path)]) == 0
+    rows = read(tmp_path / "sweep.csv")
+    assert [(r["qps"], r["steady"]) for r in rows] == [("0.5", "True"), ("20.0", "False")]
+    assert float(rows[1]["served_qps"]) < 0.2 * float(rows[1]["offered_qps"])
+    printed = capsys.readouterr().out
+    assert re.search(r"1C +20 +\S+ +\S+ +\S+ +NO \*", printed), printed
+    assert "* 1 of 2 points did not reach a steady state" in printed

@@ -12,6 +12,8 @@ first row, `idle`, is `/health` with nothing else running.
 - `stops_many`: 100,000 one-character stop strings;
 - `messages_170k`: 170,000 empty chat messages (5.6 MB);
 - `parts_300k`: one chat message of 300,000 empty content parts;
+- `prompt_100k`: a completion prompt of 98,000 characters (under the tiny model's bound of characters,
+  so it is tokenized, then refused as too many tokens);
 - `prompt_4mb`: a completion prompt of 4 MB of text;
 - `prompt_ids_1m`: a completion prompt of 1,000,000 token ids;
 - `label_8mb`: an 8 MB string in a field that only labels the request (`user`);
@@ -60,12 +62,12 @@ def bodies() -> dict[str, tuple[str, bytes]]:
         "stop_1mb": (completions, of({**two_blocks, "stop": ["x" * 1_000_000]})),
         "stop_300k": (completions, of({**two_blocks, "stop": ["x" * 300_000]})),
         "stops_many": (completions, of({**two_blocks, "stop": ["\x00"] * 100_000})),
-        "messages_170k": (chat, of({"messages": [{"role": "user", "content": ""}] * 170_000, "max_tokens": 32})),
+        "messages_170k": (chat, of({"messages": [{"role": "user", "content": ""}] * 170_000})),
         "parts_300k": (
             chat,
-            of({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 300_000}],
-                "max_tokens": 32}),
-        ),  # fmt: skip
+            of({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 300_000}]}),
+        ),
+        "prompt_100k": (completions, of({"prompt": "Hello, wörld! " * 7_000, "max_tokens": 32})),
         "prompt_4mb": (completions, of({"prompt": "ab " * 1_400_000, "max_tokens": 32})),
         "prompt_ids_1m": (completions, of({"prompt": [1] * 1_000_000, "max_tokens": 32})),
         "label_8mb": (completions, of({"prompt": "hi", "max_tokens": 32, "user": "u" * 8_000_000})),
@@ -143,7 +145,7 @@ def slow(url: str, headers: dict[str, str]) -> None:
     head = f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{auth}"
     cases = {
         "partial headers": head.encode(),
-        "partial body": (head + "content-length: 100\r\n\r\n{\"prompt\": ").encode(),
+        "partial body": (head + 'content-length: 100\r\n\r\n{"prompt": ').encode(),
         "keep-alive idle": b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n",
     }
     results: dict[str, str] = {}
@@ -160,7 +162,9 @@ def slow(url: str, headers: dict[str, str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", help="a running server's base URL (default: start one)")
     parser.add_argument("--api-key", help="the server's API key")
     parser.add_argument("--slow", action="store_true", help="also the slow connections (a minute)")

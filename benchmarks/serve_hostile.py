@@ -17,7 +17,11 @@ first row, `idle`, is `/health` with nothing else running.
 - `prompt_4mb`: a completion prompt of 4 MB of text;
 - `prompt_ids_1m`: a completion prompt of 1,000,000 token ids;
 - `label_8mb`: an 8 MB string in a field that only labels the request (`user`);
-- `nested`: a prompt of 100,000 nested lists.
+- `nested`: a prompt of 100,000 nested lists;
+- the largest requests the bounds let through to the parse and beyond: `stops_4x1024` (four stop strings
+  of 1,024 characters, over four blocks), `messages_2048`, `parts_2048`, `ids_4000` (a prompt of 4,000
+  token ids), `escaped_100k` (100,000 non-ASCII characters, escaped in the JSON), `label_1_6mb` (a body
+  of 1.6 MB, under the tiny model's bound of 1,667,584 bytes).
 
 `--slow` adds the slow connections: one that sends half its headers, one that sends its headers and
 half its body, one idle after a response (keep-alive); each is watched for up to 60 s and the row says
@@ -57,6 +61,7 @@ def bodies() -> dict[str, tuple[str, bytes]]:
     # two blocks of one forward each, whatever the model generates: the text is checked against the stop
     # strings after each block
     two_blocks = {"prompt": "hi", "max_tokens": 64, "ignore_eos": True, "forwards_per_block": 1}
+    four_blocks = {**two_blocks, "max_tokens": 128}
 
     return {
         "stop_1mb": (completions, of({**two_blocks, "stop": ["x" * 1_000_000]})),
@@ -71,6 +76,16 @@ def bodies() -> dict[str, tuple[str, bytes]]:
         "prompt_4mb": (completions, of({"prompt": "ab " * 1_400_000, "max_tokens": 32})),
         "prompt_ids_1m": (completions, of({"prompt": [1] * 1_000_000, "max_tokens": 32})),
         "label_8mb": (completions, of({"prompt": "hi", "max_tokens": 32, "user": "u" * 8_000_000})),
+        # the largest that the bounds let through to the parse and beyond
+        "stops_4x1024": (completions, of({**four_blocks, "stop": ["x" * 1023 + str(i) for i in range(4)]})),
+        "messages_2048": (chat, of({"messages": [{"role": "user", "content": "Hi there. " * 4}] * 2048})),
+        "parts_2048": (
+            chat,
+            of({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi. "}] * 2048}]}),
+        ),
+        "ids_4000": (completions, of({"prompt": [1] * 4000, "max_tokens": 32})),
+        "escaped_100k": (completions, of({"prompt": "é" * 100_000, "max_tokens": 32})),
+        "label_1_6mb": (completions, of({"prompt": "hi", "max_tokens": 32, "user": "u" * 1_600_000})),
         "nested": (completions, ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}").encode()),
     }
 

@@ -111,7 +111,7 @@ async def send(client: Client, row: tuple[float, int, int], t0: float, args: arg
     arrival, prompt_len, output_len = row
     await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
     body = {
-        "model": "bench", "prompt": prompt_of(row, args.seed),
+        "prompt": prompt_of(row, args.seed),
         "max_tokens": output_len, "stream": True, "forwards_per_block": args.forwards, "ignore_eos": True,
     }  # fmt: skip
     start = time.perf_counter()

@@ -8,6 +8,13 @@ then Submit and the request's block updates. `max_tokens` becomes whole 32-token
 buffer) and the text is cut at `max_tokens` or at the model's EOS. A stream sends one SSE chunk per
 committed block, then the usage chunk if asked, then `data: [DONE]`. A client that goes away (a closed
 stream or connection) cancels its request at the scheduler. `/health` and `/metrics` need no API key.
+
+No request holds the event loop for long, whatever it carries: the body is refused beyond the size the
+longest prompt the model takes could need (413), and before it is parsed, beyond the JSON strings and
+values a request can use (counted at memory speed: pydantic's parse of 170,000 empty messages held the
+loop for a second); every field that a list is has a bound (4 stop strings of at most 1,024 characters,
+2,048 messages and 2,048 content parts); a stop string is matched in time linear in its length; and a
+long prompt is tokenized on a thread, by a tokenizer that lets go of the GIL meanwhile.
 """
 
 from __future__ import annotations
@@ -18,13 +25,17 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from executor.control.client import SangamError
 from executor.control.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
@@ -41,27 +52,51 @@ ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
+    413: "RequestTooLargeError",
     415: "UnsupportedMediaTypeError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
 
+# ---- bounds of a request (see the module's docstring) ---------------------------------------------------
+MAX_STOPS = 4  # stop strings: OpenAI's bound
+MAX_STOP_CHARS = 1024  # characters of one stop string
+MAX_MESSAGES = 2048
+MAX_PARTS = 2048  # content parts of all a request's messages
+# JSON strings and values (commas, brackets and braces outside strings) a body may hold before it is
+# parsed: every message and part with its keys, and a few hundred more; values also a prompt of token ids
+MAX_JSON_STRINGS = 4 * (MAX_MESSAGES + MAX_PARTS) + 256
+MAX_JSON_VALUES = 3 * (MAX_MESSAGES + MAX_PARTS) + 256  # plus the model's context window
+JSON_BYTES_PER_CHAR = 6  # a character escaped as \uXXXX (a client's json.dumps escapes every non-ASCII one)
+BODY_SLACK = 1 << 20  # bytes beyond the longest prompt's text: ids, messages and the other fields
+INLINE_CHARS = 2048  # a prompt of fewer characters is tokenized on the event loop (a thread costs more)
+
 
 class APIError(Exception):
-    """A request refused or failed: OpenAI's error JSON with this status."""
+    """A request refused or failed: OpenAI's error JSON with this status (`code`: the status, or OpenAI's
+    name of the error). `close`: the connection closes after the answer (a body left unread)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, *, code: str | None = None,
+        close: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.code, self.close = status, message, param, code, close
 
-    def response(self) -> JSONResponse:
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
         body = api.ErrorResponse(
-            error=api.ErrorBody(message=self.message, type=ERROR_TYPES[self.status], param=self.param,
-                                code=self.status)
+            error=api.ErrorBody(message=self.message, type=ERROR_TYPES.get(self.status, "APIError"),
+                                param=self.param, code=self.code or self.status)
         )  # fmt: skip
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else None
-        return JSONResponse(body.model_dump(), status_code=self.status, headers=headers)
+        headers = dict(headers or {})
+        if self.status in (429, 503):
+            headers["Retry-After"] = str(RETRY_AFTER_S)
+        if self.close:
+            headers["Connection"] = "close"
+        return JSONResponse(body.model_dump(), status_code=self.status, headers=headers or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +104,11 @@ class AppConfig:
     model: str  # the served model's name
     api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
     max_waiting: int = 256  # queued requests beyond which new ones get 429
+    served_names: tuple[str, ...] = ()  # the names a request's `model` may give (default: `model`)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_names or (self.model,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +140,7 @@ class Output:
         self.eos_ids = frozenset(eos_ids)
         self.max_tokens = max_tokens
         self.stops = tuple(stops)
+        self._borders = [borders(stop) for stop in self.stops]
         self.ids: list[int] = []
         self.eos = False
         self.finish: str | None = None  # stop (EOS or a stop string) or length
@@ -171,20 +212,67 @@ class Output:
 
     def _stop_prefix(self, text: str) -> int:
         """How many characters at the end of `text` could begin a stop string."""
-        return max(
-            (n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0
-        )
+        return max(map(partial(stop_begun, text), self.stops, self._borders), default=0)
+
+
+def borders(stop: str) -> list[int]:
+    """Knuth-Morris-Pratt's table of `stop`: item i is the length of the longest proper prefix of
+    `stop[: i + 1]` that also ends it."""
+    table = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = table[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        table[i] = k
+    return table
+
+
+def stop_begun(text: str, stop: str, table: Sequence[int]) -> int:
+    """The length of the longest proper prefix of `stop` that ends `text`: `stop`'s automaton run over
+    the text's last `len(stop) - 1` characters, from the first that begins `stop`, in time linear in
+    `len(stop)` (trying every prefix was quadratic: a 1,000,000-character stop string held the server for
+    55 s)."""
+    tail = text[max(0, len(text) - len(stop) + 1) :]
+    start = tail.find(stop[0]) if tail else -1
+    if start < 0:
+        return 0
+    k = 0
+    for char in tail[start:]:
+        while k and char != stop[k]:
+            k = table[k - 1]
+        if char == stop[k]:
+            k += 1
+            if k == len(stop):  # the whole stop string: `_cut_at_stop` ended the text before it
+                k = table[k - 1]
+    return k
 
 
 def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, config: AppConfig) -> FastAPI:
     """The HTTP app over `backend`; `state` is shared with whoever starts and drains the cluster."""
     app = FastAPI(title="Sangam", docs_url=None, redoc_url=None)
-    metrics = Metrics(config.model)
+    names = config.names
+    metrics = Metrics(names[0])
     background: set[asyncio.Task[None]] = set()
+    # one thread: a tokenizer need not be safe to share between threads (transformers' is not)
+    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, err: APIError) -> JSONResponse:
         return err.response()
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, err: HTTPException) -> JSONResponse:
+        """Starlette's own (no such path, a method the path does not take) in OpenAI's shape."""
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"no such endpoint: {where}", 405: f"method not allowed: {where}"}
+        return APIError(err.status_code, message.get(err.status_code, str(err.detail))).response(err.headers)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, err: Exception) -> JSONResponse:
+        """A bug: OpenAI's shape for the client (Starlette logs the traceback)."""
+        return APIError(500, f"internal server error: {type(err).__name__}").response()
 
     if config.api_key is not None:
         app.add_middleware(RequireKey, key=config.api_key)
@@ -214,19 +302,24 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
     @app.get("/v1/models")
     async def models() -> api.ModelList:
         limits = ready()
-        card = api.ModelCard(id=limits.model, created=int(time.time()), max_model_len=limits.context_len)
-        return api.ModelList(data=[card])
+        created = int(time.time())
+        return api.ModelList(
+            data=[api.ModelCard(id=name, created=created, max_model_len=limits.context_len) for name in names]
+        )
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
         started = time.monotonic()
         limits = ready()
-        body = await parsed(request, api.CompletionRequest)
+        body = await parsed(request, api.CompletionRequest, limits, tokenizer)
+        name = served(body.model)
+        max_tokens = check_fields(body, limits)
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        check_text_length(sum(len(t) for t in texts if isinstance(t, str)), tokenizer, limits)
-        prompt = completion_prompt(body.prompt, tokenizer)
-        job = await admit(body, prompt, limits, started)
-        name, created, rid = body.model or limits.model, int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+        chars = sum(len(t) for t in texts if isinstance(t, str))
+        check_text_length(chars, tokenizer, limits)
+        prompt = await tokenized(chars, completion_prompt, body.prompt, tokenizer)
+        job = await admit(body, prompt, max_tokens, limits, started)
+        created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
         output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
         echo = ""
         if body.echo:
@@ -239,9 +332,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             return api.CompletionChunk(id=rid, created=created, model=name, choices=[choice])
 
         if body.stream:
-            return sse(
-                job, output, chunk, body.include_usage, rid, created, name, request, api.CompletionChunk
-            )
+            return sse(job, output, chunk, body, rid, created, name, request, api.CompletionChunk)
         await until_done(job, output, request)
         choice = api.CompletionChoice(text=echo + output.sent, finish_reason=output.finish)
         return json_response(
@@ -255,19 +346,16 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
     async def chat(request: Request) -> Response:
         started = time.monotonic()
         limits = ready()
-        body = await parsed(request, api.ChatRequest)
-        if not body.messages:
-            raise APIError(400, "messages: at least one message is required", "messages")
-        for i, message in enumerate(body.messages):
-            if message.role not in api.ROLES:
-                raise APIError(400, f"messages.{i}.role: unknown role {message.role!r} "
-                               f"(known: {', '.join(api.ROLES)})", f"messages.{i}.role")  # fmt: skip
-        if body.max_completion_tokens is not None and body.max_tokens is None:
-            body.max_tokens = body.max_completion_tokens
-        check_text_length(sum(len(m.text) for m in body.messages), tokenizer, limits)
-        prompt = tokenizer.chat_prompt([Message(m.role, m.text) for m in body.messages])
-        job = await admit(body, prompt, limits, started)
-        name, created, rid = body.model or limits.model, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+        body = await parsed(request, api.ChatRequest, limits, tokenizer)
+        name = served(body.model)
+        max_tokens = check_fields(body, limits)
+        check_messages(body.messages)
+        messages = [Message(m.role, m.text) for m in body.messages]
+        chars = sum(len(m.content) for m in messages)
+        check_text_length(chars, tokenizer, limits)
+        prompt = await tokenized(chars + len(messages), tokenizer.chat_prompt, messages)
+        job = await admit(body, prompt, max_tokens, limits, started)
+        created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
         output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
         first = True
 
@@ -279,7 +367,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             return api.ChatChunk(id=rid, created=created, model=name, choices=[choice])
 
         if body.stream:
-            return sse(job, output, chunk, body.include_usage, rid, created, name, request, api.ChatChunk)
+            return sse(job, output, chunk, body, rid, created, name, request, api.ChatChunk)
         await until_done(job, output, request)
         choice = api.ChatChoice(
             message=api.AssistantMessage(content=output.sent), finish_reason=output.finish
@@ -298,9 +386,27 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         assert state.limits is not None
         return state.limits
 
-    async def admit(body: api.Sampling, prompt: list[int], limits: Limits, started: float) -> Job:
-        """Check the request, then Submit it; APIError for every refusal."""
-        max_tokens = check_request(body, prompt, limits)
+    def served(model: str | None) -> str:
+        """The name of the model the request asks for (none: the first served name); 404 if not served."""
+        if model is None:
+            return names[0]
+        if model not in names:
+            raise APIError(404, f"the model `{model}` does not exist (served: {', '.join(names)})", "model",
+                           code="model_not_found")  # fmt: skip
+        return model
+
+    async def tokenized(chars: int, encode: Callable[..., list[int]], *args: Any) -> list[int]:
+        """`encode(*args)`: on the event loop for a short text, else on the tokenizing thread (the
+        built-in and transformers' fast tokenizers let go of the GIL while they encode)."""
+        if chars < INLINE_CHARS:
+            return encode(*args)
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, encode, *args)
+
+    async def admit(
+        body: api.Sampling, prompt: list[int], max_tokens: int, limits: Limits, started: float
+    ) -> Job:
+        """Check the prompt, then Submit the request; APIError for every refusal."""
+        check_prompt(prompt, limits)
         if state.waiting >= config.max_waiting:
             raise APIError(
                 429, f"{state.waiting} requests are waiting already (--max-waiting {config.max_waiting})"
@@ -380,14 +486,19 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         run.result()
 
     def sse(
-        job: Job, output: Output, chunk: Callable[[str, str | None], Any], include_usage: bool,
+        job: Job, output: Output, chunk: Callable[[str, str | None], Any], body: api.Sampling,
         rid: str, created: int, name: str, request: Request, kind: type[api.ChatChunk | api.CompletionChunk],
     ) -> StreamingResponse:  # fmt: skip
+        include_usage, continuous = body.include_usage, body.continuous_usage
+
         async def events() -> AsyncIterator[str]:
             last_write = ""  # the last block's chunk, the usage chunk and [DONE] go out in one write
             try:
                 async for text in blocks(job, output):
-                    event = event_of(chunk(text, output.finish).model_dump_json(exclude={"usage"}))
+                    block = chunk(text, output.finish)
+                    if continuous:
+                        block.usage = usage(job, output)
+                    event = event_of(block.model_dump_json(exclude=None if continuous else {"usage"}))
                     if output.finish is None:
                         yield event
                     else:
@@ -420,23 +531,77 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
     return app
 
 
-def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> int:
-    """The request's max_tokens, after every check the scheduler's admission makes and of the fields
-    Sangam does not implement; APIError(400) else."""
+def check_fields(body: api.Sampling, limits: Limits) -> int:
+    """The request's max_tokens, after the checks of its fields the scheduler's admission makes and of
+    the fields Sangam does not implement; APIError(400) else."""
     unsupported = body.unsupported()
     if unsupported is not None:
         raise APIError(400, f"{unsupported}: not supported by Sangam", unsupported)
-    if not all(body.stops):
+    stops = body.stops
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"stop: at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+    if not all(stops):
         raise APIError(400, "stop: a stop string is empty", "stop")
+    longest = max(map(len, stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise APIError(400, f"stop: a stop string has {longest} characters, beyond the bound of "
+                       f"{MAX_STOP_CHARS}", "stop")  # fmt: skip
     if body.n != 1:
         raise APIError(400, f"n: only n=1 is supported, got {body.n}", "n")
-    max_tokens = limits.mask_len if body.max_tokens is None else body.max_tokens
-    if not 0 < max_tokens <= limits.mask_len:
-        raise APIError(
-            400,
-            f"max_tokens: must lie in [1, {limits.mask_len}] (the mask buffer), got {max_tokens}",
-            "max_tokens",
-        )
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options: only allowed when stream is true", "stream_options")
+    given: int | None = None
+    for field in ("max_tokens", "max_completion_tokens"):  # the second wins, as in vLLM
+        value: int | None = getattr(body, field, None)
+        if value is not None and not 0 < value <= limits.mask_len:
+            raise APIError(
+                400, f"{field}: must lie in [1, {limits.mask_len}] (the mask buffer), got {value}", field
+            )
+        given = value if value is not None else given
+    return limits.mask_len if given is None else given
+
+
+def check_messages(messages: Sequence[api.ChatMessage]) -> None:
+    """A chat's messages are what Sangam serves: known roles, text content; APIError(400) naming the
+    first that is not."""
+    if not messages:
+        raise APIError(400, "messages: at least one message is required", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise APIError(400, f"messages: at most {MAX_MESSAGES} messages, got {len(messages)}", "messages")
+    parts = sum(len(m.content) for m in messages if isinstance(m.content, list))
+    if parts > MAX_PARTS:
+        raise APIError(400, f"messages: at most {MAX_PARTS} content parts in all, got {parts}", "messages")
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        if message.role in api.TOOL_ROLES:
+            raise APIError(400, f"{where}.role: a {message.role!r} message (a tool's result) is not "
+                           "supported: Sangam does not implement tool calling", f"{where}.role")  # fmt: skip
+        if message.role not in api.ROLES:
+            raise APIError(400, f"{where}.role: unknown role {message.role!r} "
+                           f"(known: {', '.join(api.ROLES)})", f"{where}.role")  # fmt: skip
+        extra = next((k for k, v in (message.model_extra or {}).items() if v not in (None, [])), None)
+        if extra is not None:
+            why = "tool calls are not supported: Sangam does not implement tool calling"
+            raise APIError(400, f"{where}.{extra}: " + (why if extra in ("tool_calls", "function_call")
+                           else "not supported by Sangam"), f"{where}.{extra}")  # fmt: skip
+        if message.content is None:
+            raise APIError(400, f"{where}.content: null content is not supported: a message needs its text "
+                           "(a string or text parts)", f"{where}.content")  # fmt: skip
+        for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+            if part.type != "text":
+                raise APIError(400, f"{where}.content.{j}.type: only text parts are supported, not "
+                               f"{part.type!r}", f"{where}.content.{j}.type")  # fmt: skip
+            if part.text is None:
+                raise APIError(400, f"{where}.content.{j}.text: a text part needs its text",
+                               f"{where}.content.{j}.text")  # fmt: skip
+            extra = next((k for k, v in (part.model_extra or {}).items() if v is not None), None)
+            if extra is not None:
+                raise APIError(400, f"{where}.content.{j}.{extra}: not supported by Sangam",
+                               f"{where}.content.{j}.{extra}")  # fmt: skip
+
+
+def check_prompt(prompt: Sequence[int], limits: Limits) -> None:
+    """The prompt's checks the scheduler's admission makes; APIError(400) else."""
     if not prompt:
         raise APIError(400, "the prompt is empty", "prompt")
     if min(prompt) < 0 or max(prompt) >= limits.vocab or limits.mask_id in prompt:  # scans in C
@@ -457,18 +622,22 @@ def check_request(body: api.Sampling, prompt: Sequence[int], limits: Limits) -> 
             f"{limits.mask_len}-token mask buffer need {pages_for(len(prompt) + limits.mask_len)} pages, a "
             f"worker holds {limits.pages}", "prompt",
         )  # fmt: skip
-    return max_tokens
 
 
 TEXT_SLACK = 2  # a normaliser may shrink a text before it is tokenized (composed characters)
 
 
+def text_bound(tokenizer: TextTokenizer, limits: Limits) -> int:
+    """The characters of the longest prompt that may fit: its room in the context window at the longest
+    token's length."""
+    return TEXT_SLACK * tokenizer.longest_token * (limits.context_len - limits.mask_len)
+
+
 def check_text_length(chars: int, tokenizer: TextTokenizer, limits: Limits) -> None:
-    """Refuse a prompt of more characters than its room in the context window can hold at the longest
-    token's length, before it is tokenized: tokenizing holds the event loop (and the GIL, so a thread does
-    not help; a 4 MB prompt held every other request for 6 s)."""
+    """Refuse a prompt of more characters than `text_bound`, before it is tokenized (a 4 MB prompt
+    took 6 s to tokenize; one under the bound still takes a fraction of a second, on a thread)."""
     room = limits.context_len - limits.mask_len
-    if chars > TEXT_SLACK * tokenizer.longest_token * room:
+    if chars > text_bound(tokenizer, limits):
         raise APIError(
             400, f"the prompt is too long: {chars} characters cannot fit in the {room} tokens the model's "
             f"context window leaves beside the {limits.mask_len}-token mask buffer", "prompt",
@@ -511,24 +680,80 @@ def event_of(payload: str) -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-async def parsed(request: Request, model: type[M]) -> M:
+async def parsed(request: Request, model: type[M], limits: Limits, tokenizer: TextTokenizer) -> M:
     """The request's JSON body as `model` (parsed and validated by pydantic in one pass, without FastAPI's
     body machinery, which took most of a millisecond); APIError(400) naming the first bad field. A body
     sent as another media type is refused (415), as FastAPI does: a web page may send any site a form
-    or text body without asking first, but not a JSON one."""
+    or text body without asking first, but not a JSON one. The body's size (413) and its count of JSON
+    values (400) are bounded before it is parsed."""
     kind = request.headers.get("content-type")
     if kind is not None:
         media = kind.partition(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
             raise APIError(415, f"the body must be JSON (Content-Type: application/json), not {media}")
+    body = await read_body(request, JSON_BYTES_PER_CHAR * text_bound(tokenizer, limits) + BODY_SLACK)
+    check_json_size(body, MAX_JSON_STRINGS, MAX_JSON_VALUES + limits.context_len)
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(body)
     except ValidationError as err:
         errors = err.errors(include_url=False)
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        loc = [str(p) for p in first.get("loc", ())]
+        union = next((i for i, p in enumerate(loc) if is_union_tag(p)), None)
+        if union is not None:  # a value none of a union's types takes: the field, and what it takes
+            where = ".".join(loc[:union])
+            message = f"{where}: must be {UNIONS.get(loc[union - 1] if union else '', 'of another type')}"
+        else:
+            where = ".".join(loc)
+            message = f"{where}: {first['msg']}" if where else str(first["msg"])
         raise APIError(400, message, where or None) from None
+
+
+UNIONS = {  # what a field of several types takes, in words
+    "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of content parts",
+}
+
+
+def is_union_tag(part: str) -> bool:
+    """pydantic's name of one type of a union in an error's location (`str`, `list[int]`, ...)."""
+    return part in ("str", "int", "float", "bool", "none") or "[" in part
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, if it holds at most `limit` bytes (413 else, before the rest is read: the connection
+    closes). A client that leaves before its body has arrived is routine, not a traceback."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the body has {declared} bytes, beyond the bound of {limit}", close=True)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the body has more than {limit} bytes", close=True)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(400, "the client disconnected before its body had arrived") from None
+    return b"".join(chunks)
+
+
+def check_json_size(body: bytes, max_strings: int, max_values: int) -> None:
+    """Refuse a body of more JSON strings or other values than a request can use before it is parsed, by
+    counting bytes (at memory speed): its strings are the quotes not escaped, two each; its other values
+    are at most the commas, brackets and braces outside strings, plus one. (The text inside strings may
+    hold any of them.)"""
+    if b"\\" in body:
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then quotes
+    quotes = body.count(b'"')
+    if quotes // 2 > max_strings:
+        raise APIError(400, f"the body holds {quotes // 2} JSON strings, beyond the bound of {max_strings}")
+    outside = b"".join(body.split(b'"')[::2])
+    values = outside.count(b",") + outside.count(b"[") + outside.count(b"{")
+    if values > max_values:
+        raise APIError(400, f"the body holds {values} JSON values, beyond the bound of {max_values}")
 
 
 def json_response(body: BaseModel, headers: dict[str, str]) -> Response:

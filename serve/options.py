@@ -27,3 +27,18 @@ class ServeOptions:
     drain_timeout: float = option(
         30.0, "on SIGTERM, seconds running requests may take to finish", parse=positive_float
     )
+    served_model_name: tuple[str, ...] = option(
+        (), "the names a request's model may give (vLLM's flag; several allowed; the first is reported)",
+        many=True, metavar="NAME", default_text="the --model name",
+    )  # fmt: skip
+    header_timeout: float = option(
+        10.0, "seconds a request's headers may take to arrive, from the connection's start or the request's "
+        "first byte (then 408 and the connection closes)", parse=positive_float,
+    )  # fmt: skip
+    body_timeout: float = option(
+        30.0, "seconds a request's body may take to arrive after its headers (then 408 and the connection "
+        "closes)", parse=positive_float,
+    )  # fmt: skip
+    keep_alive_timeout: float = option(
+        5.0, "seconds an idle connection stays open between requests", parse=positive_float
+    )

@@ -13,20 +13,26 @@ fields of both requests:
 - `ignore_eos` (vLLM's): the text is not cut at EOS (with `forwards_per_block`, the request then runs
   exactly `max_tokens` tokens, as benchmarks want; without it the scheduler still ends the request after
   the block that commits EOS).
+
+The request models are strict, as OpenAI is: no value is coerced to a field's type (`temperature: false`,
+`max_tokens: "1"` or `true`, `stream: "yes"` and `prompt: [true]` are 400s; an integer is a number).
+A neutral value is one of the same type (`logprobs: 0` is not `false`: a completion's `logprobs: 0` asks
+for the chosen tokens' logprobs, so it is refused).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 ROLES = ("system", "developer", "user", "assistant")
+TOOL_ROLES = ("tool", "function")  # OpenAI's roles of tool calling, which Sangam does not implement
 INT64 = 1 << 63
 LABELS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 NEUTRAL: dict[str, tuple[Any, ...]] = {  # values of fields Sangam does not implement that change nothing
     "best_of": (1,),
-    "logprobs": (False, 0),
     "top_logprobs": (0,),
     "top_p": (1,),
     "frequency_penalty": (0,),
@@ -43,14 +49,26 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {  # values of fields Sangam does not impl
 }
 
 
+STRICT = ConfigDict(strict=True, extra="allow")  # extra fields kept, so that they can be named
+
+
+def same(value: Any, neutral: Any) -> bool:
+    """`value` is `neutral`, of the same JSON type (`0 == False` in Python, not in JSON)."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and bool(value == neutral)
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 class Sampling(BaseModel):
     """The fields both endpoints share."""
 
-    model_config = ConfigDict(extra="allow")  # kept, so that `unsupported` can name them
+    model_config = STRICT
+    neutral: ClassVar[Mapping[str, tuple[Any, ...]]] = NEUTRAL
 
     model: str | None = None
     max_tokens: int | None = None  # default: the whole mask buffer
@@ -69,13 +87,21 @@ class Sampling(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM's `continuous_usage_stats`, which needs `include_usage` as there)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
+
+    @property
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     def unsupported(self) -> str | None:
         """The first field given that Sangam would have to ignore (see the module's docstring), or None."""
         for name, value in (self.model_extra or {}).items():
-            if value is not None and name not in LABELS and value not in NEUTRAL.get(name, ()):
+            if value is None or name in LABELS:
+                continue
+            if not any(same(value, neutral) for neutral in self.neutral.get(name, ())):
                 return name
         return None
 
@@ -86,20 +112,31 @@ class CompletionRequest(Sampling):
 
 
 class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: str
+    model_config = STRICT
+
+    type: str  # "text" alone is served: the app names any other
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
+    """A message as sent: what Sangam cannot serve (a tool's message, null content, tool calls, an image)
+    is named by the app (`serve.app.check_messages`), not by a parse error of a union."""
+
+    model_config = STRICT
+
     role: str
-    content: str | list[ContentPart]
+    content: str | list[ContentPart] | None = None
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content)
+        return self.content or ""
 
 
 class ChatRequest(Sampling):
+    neutral: ClassVar[Mapping[str, tuple[Any, ...]]] = {**NEUTRAL, "logprobs": (False,)}
+
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
 
@@ -194,7 +231,7 @@ class ErrorBody(BaseModel):
     message: str
     type: str
     param: str | None = None
-    code: int
+    code: int | str  # the HTTP status, as vLLM, or OpenAI's name of the error (`model_not_found`)
 
 
 class ErrorResponse(BaseModel):

@@ -6,10 +6,15 @@ turns every later request (and `/health`) into 503. SIGTERM or Ctrl-C drains: ne
 running ones may finish for up to `--drain-timeout` seconds, then the results go to `--out` (if set),
 every process is stopped and the command exits 0 (1 if the cluster had failed). A second signal stops at
 once.
+
+No connection stays open on a client's whim: its headers must arrive within `--header-timeout`, its body
+within `--body-timeout` after them (else 408 and the connection closes: `TimedHttp`), and it may idle
+between requests for `--keep-alive-timeout`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import threading
@@ -17,15 +22,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from executor.control.client import SangamError
 from executor.run.launcher import LiveError, LocalCluster
 from executor.run.live import LivePlan, plural, ready_facts, write_served
 from executor.run.live_collect import Collector
 from executor.run.live_options import LiveOptions
-from serve.app import AppConfig, create_app
+from serve.app import APIError, AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
 from serve.options import ServeOptions
 from serve.tokenizer import eos_mismatch, load_tokenizer
@@ -68,6 +75,79 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+class TimedHttp(HttpToolsProtocol):
+    """uvicorn's httptools connection with deadlines (uvicorn has only the keep-alive one): a request's
+    headers must all arrive within `header_timeout` of the connection's start or of the request's first
+    byte, its body within `body_timeout` of its headers. A deadline missed before a response began is a
+    408; either way the connection closes, and an app still reading the body sees the client leave.
+    (`timed_protocol` sets the timeouts.)"""
+
+    header_timeout = 10.0
+    body_timeout = 30.0
+    keep_alive_timeout = 5.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.keep_alive_timeout  # type: ignore[assignment]  # a float is fine
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout, "headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # a request after a response (the first runs from the connection's start)
+            self._arm(self.header_timeout, "headers")
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm(self.body_timeout, "body")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired, seconds, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self, seconds: float, what: str) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if what == "headers" or self.cycle is None or not self.cycle.response_started:
+            error = APIError(408, f"the request's {what} did not arrive within {seconds:g} s")
+            body = bytes(error.response().body)
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+        self.transport.close()
+
+
+def timed_protocol(header: float, body: float, keep_alive: float) -> type[TimedHttp]:
+    """`TimedHttp` with these timeouts (seconds)."""
+    timeouts = {"header_timeout": header, "body_timeout": body, "keep_alive_timeout": keep_alive}
+    return type("TimedHttp", (TimedHttp,), timeouts)
+
+
+def uvicorn_config(app: Any, options: ServeOptions, **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's settings for the app: `options`' timeouts, no access log."""
+    protocol = timed_protocol(options.header_timeout, options.body_timeout, options.keep_alive_timeout)
+    return uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", access_log=False, **kwargs)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound now so that a taken port is a one-line error before anything starts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -91,10 +171,9 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     host, port = sock.getsockname()[:2]
     state = ServingState()
     backend = ClusterBackend(live.api_key)
-    app = create_app(backend, tokenizer, state, AppConfig(plan.model, live.api_key, options.max_waiting))
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", timeout_graceful_shutdown=int(GRACEFUL_S), access_log=False
-    )
+    settings = AppConfig(plan.model, live.api_key, options.max_waiting, options.served_model_name)
+    app = create_app(backend, tokenizer, state, settings)
+    config = uvicorn_config(app, options, timeout_graceful_shutdown=int(GRACEFUL_S))
     cluster = LocalCluster(plan.cluster, live.log_dir)
     stopping = threading.Event()
     collected: Collector | None = None  # finished requests' records, fetched as the server runs (--out)

@@ -20,8 +20,9 @@ from live_helpers import subprocess_env
 from executor.control.messages import ClusterStatus, RequestState, RequestStatus, Submission, WorkerState
 from serve.app import AppConfig, create_app
 from serve.backend import Limits, ServingState
-from serve.server import listen
-from serve.tokenizer import BuiltinTokenizer
+from serve.options import ServeOptions
+from serve.server import listen, uvicorn_config
+from serve.tokenizer import BuiltinTokenizer, TextTokenizer
 
 EOS, MASK, VOCAB = 298, 299, 300  # the tiny models' and the built-in BPE's
 LIMITS = Limits("fake-model", VOCAB, MASK, (EOS,), mask_len=128, context_len=512, pages=30)
@@ -94,12 +95,21 @@ def app_server(
     api_key: str | None = None,
     max_waiting: int = 256,
     state: ServingState | None = None,
+    served_names: tuple[str, ...] = (),
+    options: ServeOptions | None = None,
+    tokenizer: TextTokenizer = TOKENIZER,
+    servers: list[uvicorn.Server] | None = None,
 ) -> Iterator[tuple[str, ServingState]]:
-    """The app over `backend` on a real loopback socket, uvicorn in a thread; yields its base URL."""
+    """The app over `backend` on a real loopback socket, uvicorn in a thread (with `options`' timeouts, as
+    `sangam serve` runs it); yields its base URL. `servers` gets the uvicorn server (its connections and
+    request tasks)."""
     state = state if state is not None else ServingState(limits=LIMITS)
-    app = create_app(backend, TOKENIZER, state, AppConfig("fake-model", api_key, max_waiting))  # type: ignore[arg-type]
+    config = AppConfig("fake-model", api_key, max_waiting, served_names)
+    app = create_app(backend, tokenizer, state, config)  # type: ignore[arg-type]
     sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn_config(app, options or ServeOptions()))
+    if servers is not None:
+        servers.append(server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:

@@ -24,6 +24,8 @@ from serve.backend import ServingState
 from serve.server import listen
 from serve.tokenizer import Message
 
+M = "fake-model"  # the served model's name (serve_helpers.app_server's)
+
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[tuple[str, FakeBackend]]:
@@ -48,7 +50,7 @@ def error_of(response: httpx.Response) -> str:
 def test_completion_text_is_cut_at_max_tokens_and_usage_counts(fake: tuple[str, FakeBackend]) -> None:
     url, backend = fake
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
-    reply = client.completions.create(model="fake-model", prompt="Hello", max_tokens=40, seed=7)
+    reply = client.completions.create(model=M, prompt="Hello", max_tokens=40, seed=7)
     sub = backend.submitted[-1]
     assert sub.gen_len == 64 and sub.sampling.seed == 7  # 40 tokens: two whole blocks
     assert sub.prompt == tuple(TOKENIZER.encode("Hello"))
@@ -64,7 +66,7 @@ def test_eos_stops_the_text_with_finish_reason_stop() -> None:
     with app_server(backend) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         reply = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=128
+            model=M, messages=[{"role": "user", "content": "hi"}], max_tokens=128
         )
         through = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 64, "ignore_eos": True})
     assert through.json()["choices"][0] == {
@@ -167,7 +169,7 @@ def test_the_openai_client_raises_bad_request(fake: tuple[str, FakeBackend]) -> 
     url, _ = fake
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        client.completions.create(model="m", prompt="x", max_tokens=10_000)
+        client.completions.create(model=M, prompt="x", max_tokens=10_000)
 
 
 def test_api_key_guards_v1_but_not_health_or_metrics() -> None:
@@ -399,9 +401,9 @@ def test_stop_string_across_blocks_cuts_the_text_and_cancels_the_rest() -> None:
     backend = FakeBackend()  # block b is 32 times letter b
     with app_server(backend) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
-        whole = client.completions.create(model="m", prompt="x", max_tokens=128, stop="AB")
+        whole = client.completions.create(model=M, prompt="x", max_tokens=128, stop="AB")
         stream = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=128, stop=["ZZ", "BBC"],
+            model=M, messages=[{"role": "user", "content": "hi"}], max_tokens=128, stop=["ZZ", "BBC"],
             stream=True, stream_options={"include_usage": True},
         )  # fmt: skip
         chunks = list(stream)
@@ -436,9 +438,9 @@ def test_texts_with_stop_strings_join_to_the_text_before_the_first(
 def test_echo_puts_the_prompt_before_the_completion(fake: tuple[str, FakeBackend]) -> None:
     url, _ = fake
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
-    reply = client.completions.create(model="m", prompt="Hello", max_tokens=4, echo=True)
-    by_ids = client.completions.create(model="m", prompt=TOKENIZER.encode("Hi!"), max_tokens=4, echo=True)
-    stream = client.completions.create(model="m", prompt="Hey", max_tokens=40, echo=True, stream=True)
+    reply = client.completions.create(model=M, prompt="Hello", max_tokens=4, echo=True)
+    by_ids = client.completions.create(model=M, prompt=TOKENIZER.encode("Hi!"), max_tokens=4, echo=True)
+    stream = client.completions.create(model=M, prompt="Hey", max_tokens=40, echo=True, stream=True)
     assert reply.choices[0].text == "Hello" + "A" * 4 and by_ids.choices[0].text == "Hi!AAAA"
     assert [c.choices[0].text for c in stream] == ["Hey" + "A" * 32, "B" * 8]
     assert reply.usage is not None and reply.usage.completion_tokens == 4
@@ -450,15 +452,15 @@ def test_parameters_sangam_would_ignore_are_refused_naming_them(fake: tuple[str,
     user = [{"role": "user", "content": "hi"}]
     before = len(backend.submitted)
     refused = {
-        "logprobs": lambda: client.completions.create(model="m", prompt="x", logprobs=2),
-        "best_of": lambda: client.completions.create(model="m", prompt="x", best_of=3),
-        "suffix": lambda: client.completions.create(model="m", prompt="x", suffix="end"),
-        "top_p": lambda: client.completions.create(model="m", prompt="x", top_p=0.5),
-        "top_logprobs": lambda: client.chat.completions.create(model="m", messages=user, top_logprobs=3),
-        "echo": lambda: client.chat.completions.create(model="m", messages=user, extra_body={"echo": True}),
-        "n": lambda: client.chat.completions.create(model="m", messages=user, n=2),
-        "stop": lambda: client.completions.create(model="m", prompt="x", stop=["ok", ""]),
-        "top_k": lambda: client.completions.create(model="m", prompt="x", extra_body={"top_k": 5}),
+        "logprobs": lambda: client.completions.create(model=M, prompt="x", logprobs=2),
+        "best_of": lambda: client.completions.create(model=M, prompt="x", best_of=3),
+        "suffix": lambda: client.completions.create(model=M, prompt="x", suffix="end"),
+        "top_p": lambda: client.completions.create(model=M, prompt="x", top_p=0.5),
+        "top_logprobs": lambda: client.chat.completions.create(model=M, messages=user, top_logprobs=3),
+        "echo": lambda: client.chat.completions.create(model=M, messages=user, extra_body={"echo": True}),
+        "n": lambda: client.chat.completions.create(model=M, messages=user, n=2),
+        "stop": lambda: client.completions.create(model=M, prompt="x", stop=["ok", ""]),
+        "top_k": lambda: client.completions.create(model=M, prompt="x", extra_body={"top_k": 5}),
     }
     for param, call in refused.items():
         with pytest.raises(openai.BadRequestError) as caught:
@@ -467,7 +469,7 @@ def test_parameters_sangam_would_ignore_are_refused_naming_them(fake: tuple[str,
         assert caught.value.body["param"] == param and param in caught.value.body["message"], param
     assert len(backend.submitted) == before  # none reached the scheduler
     neutral = client.completions.create(
-        model="m", prompt="x", max_tokens=1, top_p=1, logprobs=None, best_of=1, presence_penalty=0, user="u"
+        model=M, prompt="x", max_tokens=1, top_p=1, logprobs=None, best_of=1, presence_penalty=0, user="u"
     )  # what some clients send always: changes nothing, accepted
     assert neutral.choices[0].text == "A"
 

@@ -1,0 +1,435 @@
+"""The HTTP app against hostile and careless clients, on real sockets over a fake scheduler (issue 29):
+bounded work per request, timeouts of slow connections, strict types and OpenAI's shapes, a client that
+leaves mid-body. Nothing here measures time: a server that holds its event loop is caught by a request
+that cannot be answered meanwhile (`/health` while the tokenizer is held), and the timeouts are short
+enough that a connection cut by them is told apart from one left open by a wait ten times longer.
+(`benchmarks/serve_hostile.py` measures how long `/health` waits.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+import uvicorn
+from serve_helpers import LIMITS, TOKENIZER, FakeBackend, app_server
+
+from serve import app as serve_app
+from serve.app import MAX_MESSAGES, MAX_PARTS, MAX_STOP_CHARS, MAX_STOPS, Output
+from serve.options import ServeOptions
+from serve.tokenizer import Message
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+TEXT_BOUND = 2 * TOKENIZER.longest_token * (LIMITS.context_len - LIMITS.mask_len)  # serve.app.text_bound
+BODY_BOUND = 6 * TEXT_BOUND + (1 << 20)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[str, FakeBackend]]:
+    backend = FakeBackend()
+    with app_server(backend) as (url, _):
+        yield url, backend
+
+
+def post(url: str, path: str, body: object, **kwargs: object) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=30, **kwargs)  # type: ignore[arg-type]
+
+
+def error_of(response: httpx.Response) -> dict[str, object]:
+    """OpenAI's error object, checked for its shape."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, object] = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and "\n" not in error["message"]
+    return error
+
+
+def refused(response: httpx.Response, needle: str, param: str | None = None, status: int = 400) -> None:
+    assert response.status_code == status, (needle, response.status_code, response.text[:300])
+    error = error_of(response)
+    assert needle in str(error["message"]), (needle, error)
+    if param is not None:
+        assert error["param"] == param, (param, error)
+
+
+# ---- 1. bounded work per request ---------------------------------------------------------------------
+
+
+def test_stop_strings_are_bounded_in_number_and_length(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    base = {"prompt": "x", "max_tokens": 64}
+    refused(post(url, COMPLETIONS, {**base, "stop": ["a", "b", "c", "d", "e"]}), "at most 4 stop", "stop")
+    long = "x" * (MAX_STOP_CHARS + 1)
+    refused(post(url, COMPLETIONS, {**base, "stop": long}), f"{MAX_STOP_CHARS + 1} characters", "stop")
+    refused(post(url, CHAT, {"messages": USER, "stop": ["ok", long]}), "beyond the bound", "stop")
+    assert len(backend.submitted) == before
+    most = ["\x00" * MAX_STOP_CHARS, "B" * 40, "\x01", "\x02"][:MAX_STOPS]
+    reply = post(url, COMPLETIONS, {**base, "stop": most})  # block 0 is A*32, block 1 B*32
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == "A" * 32 + "B" * 32
+
+
+def test_matching_a_stop_string_is_linear_in_its_length() -> None:
+    """The text is held back while its end may begin a stop string: finding how much took every prefix of
+    the stop string (a 1,000,000-character one held the server 55 s); now each character once or twice."""
+
+    class Counted(str):
+        chars = 0
+
+        def __getitem__(self, key: object) -> str:
+            piece = str.__getitem__(self, key)  # type: ignore[index]
+            Counted.chars += len(piece)
+            return piece
+
+    n = 1000
+    a = TOKENIZER.encode("A")[0]
+    stop = Counted("A" * (n - 1) + "B")  # the text, A after A, may begin it at every length
+    output = Output(TOKENIZER, (), 64 * 32, (stop,))
+    texts = [output.add_block([a] * 32, last=False) for _ in range(40)]
+    assert texts[:31] == [""] * 31  # held back while the stop string may be under way
+    assert "".join(texts) == "A" * (40 * 32 - (n - 1))
+    assert Counted.chars < 4 * n * len(texts)  # every prefix of it took n * n / 2 characters a block
+
+
+def test_messages_and_content_parts_are_bounded(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    many = [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)
+    refused(post(url, CHAT, {"messages": many}), f"at most {MAX_MESSAGES} messages", "messages")
+    half = [{"type": "text", "text": ""}] * (MAX_PARTS // 2 + 1)
+    parts = [{"role": "user", "content": half}, {"role": "user", "content": half}]
+    refused(post(url, CHAT, {"messages": parts}), f"at most {MAX_PARTS} content parts", "messages")
+    assert len(backend.submitted) == before
+    fits = [{"role": "user", "content": [{"type": "text", "text": "a"}] * 8}] * 2
+    assert post(url, CHAT, {"messages": fits, "max_tokens": 1}).status_code == 200
+
+
+def test_a_body_of_more_json_than_a_request_uses_is_refused_before_it_is_parsed(
+    fake: tuple[str, FakeBackend],
+) -> None:
+    """Parsing 170,000 empty messages held the event loop for seconds: the body's strings and values are
+    counted first (the refusal names the count, which no parse error would). (170,000 would be beyond the
+    bound of the body's size here, of a small model.)"""
+    url, backend = fake
+    before = len(backend.submitted)
+    empty = [{"role": "user", "content": ""}] * 20_000
+    refused(post(url, CHAT, {"messages": empty}), "JSON strings, beyond the bound")
+    refused(post(url, COMPLETIONS, {"prompt": [1] * 100_000}), "JSON values, beyond the bound")
+    nested = '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    response = httpx.post(url + COMPLETIONS, content=nested, timeout=30)
+    refused(response, "JSON values, beyond the bound")
+    assert len(backend.submitted) == before
+    # commas, brackets and escaped quotes inside a text are not values: the prompt's own bound refuses
+    # this one (it has too many characters), not the count of values
+    refused(post(url, COMPLETIONS, {"prompt": '[a], {"b"}, \\' * 2000}), "characters cannot fit")
+    reply = post(url, COMPLETIONS, {"prompt": '[a], {"b"}, \\' * 20, "max_tokens": 1})
+    assert reply.status_code == 200, reply.text
+
+
+def test_a_body_beyond_the_longest_prompt_is_413_before_it_is_read(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    body = json.dumps({"prompt": "x", "user": "u" * BODY_BOUND}).encode()  # 170,000 messages: 5.6 MB
+    response = httpx.post(url + COMPLETIONS, content=body, timeout=30)
+    refused(response, f"beyond the bound of {BODY_BOUND}", status=413)
+    assert response.headers["connection"] == "close"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the size is seen as the body arrives
+        for i in range(0, len(body), 1 << 16):
+            yield body[i : i + (1 << 16)]
+
+    response = httpx.post(url + COMPLETIONS, content=chunks(), timeout=30)
+    refused(response, f"more than {BODY_BOUND} bytes", status=413)
+    assert len(backend.submitted) == before
+    fits = json.dumps({"prompt": "x", "max_tokens": 1, "user": "u" * (BODY_BOUND - 100)})
+    assert httpx.post(url + COMPLETIONS, content=fits, timeout=30).status_code == 200
+
+
+class HeldTokenizer:
+    """The built-in tokenizer, whose encode of a long text waits until the test lets it go."""
+
+    name, eos_id, longest_token = "held", TOKENIZER.eos_id, TOKENIZER.longest_token
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        if len(text) >= serve_app.INLINE_CHARS:
+            self.entered.set()
+            assert self.release.wait(30)
+        return TOKENIZER.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return TOKENIZER.decode(ids)
+
+    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        return self.encode(TOKENIZER._template.render(messages=chat, add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_a_long_prompt_is_tokenized_off_the_event_loop(path: str) -> None:
+    """While the tokenizer holds a long prompt, /health still answers (on the event loop it could not)."""
+    text = "ab " * (serve_app.INLINE_CHARS // 2)
+    body = {"prompt": text} if path == COMPLETIONS else {"messages": [{"role": "user", "content": text}]}
+    tokenizer = HeldTokenizer()
+    with app_server(FakeBackend(), tokenizer=tokenizer) as (url, _):  # type: ignore[arg-type]
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(post(url, path, {**body, "max_tokens": 1})))
+        sender.start()
+        try:
+            assert tokenizer.entered.wait(30)
+            assert httpx.get(url + "/health", timeout=10).status_code == 200
+        finally:
+            tokenizer.release.set()
+            sender.join(30)
+    assert answers[0].status_code in (200, 400), answers[0].text  # 400: too many tokens for the window
+
+
+# ---- 2. timeouts ---------------------------------------------------------------------------------------
+
+SHORT = ServeOptions(header_timeout=0.3, body_timeout=0.3, keep_alive_timeout=0.3)
+WATCH_S = 3.0  # 10 times the timeouts (and short of uvicorn's 5 s keep-alive): still open then, not cut
+
+
+def until_closed(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection; AssertionError if it is still open after
+    WATCH_S seconds."""
+    sock.settimeout(WATCH_S)
+    received = b""
+    try:
+        while piece := sock.recv(65536):
+            received += piece
+    except TimeoutError:
+        raise AssertionError(f"still open after {WATCH_S} s; received {received[:200]!r}") from None
+    except ConnectionResetError:
+        pass
+    return received
+
+
+@pytest.fixture(scope="module")
+def short() -> Iterator[tuple[str, int]]:
+    with app_server(FakeBackend(), options=SHORT) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", HEAD, HEAD + b"content-length: 100\r\n\r\n" + b'{"prompt": "x", '],
+    ids=["nothing", "partial headers", "partial body"],
+)
+def test_a_connection_whose_request_does_not_arrive_in_time_gets_408_and_is_closed(
+    short: tuple[str, int], sent: bytes
+) -> None:
+    with socket.create_connection(short) as sock:
+        sock.sendall(sent)
+        received = until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == 408 and "did not arrive within 0.3 s" in error["message"]
+
+
+def test_an_idle_keep_alive_connection_is_closed(short: tuple[str, int]) -> None:
+    with socket.create_connection(short) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        received = until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 200 ") and received.count(b"HTTP/1.1") == 1
+
+
+def test_requests_in_time_are_served_on_one_connection(short: tuple[str, int]) -> None:
+    with httpx.Client(base_url=f"http://{short[0]}:{short[1]}", timeout=10) as client:
+        for _ in range(3):
+            reply = client.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 1})
+            assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == "A"
+
+
+# ---- 3. strict types and OpenAI's shapes ---------------------------------------------------------------
+
+
+def test_values_of_the_wrong_type_are_400_not_coerced(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    cases: list[tuple[str, dict[str, object], str]] = [
+        (CHAT, {"messages": USER, "temperature": False}, "temperature"),
+        (COMPLETIONS, {"prompt": "x", "max_tokens": True}, "max_tokens"),
+        (COMPLETIONS, {"prompt": "x", "max_tokens": "1"}, "max_tokens"),
+        (COMPLETIONS, {"prompt": "x", "max_tokens": 1.0}, "max_tokens"),
+        (COMPLETIONS, {"prompt": "x", "stream": "yes"}, "stream"),
+        (COMPLETIONS, {"prompt": [True]}, "prompt"),
+        (COMPLETIONS, {"prompt": "x", "seed": "7"}, "seed"),
+        (COMPLETIONS, {"prompt": "x", "echo": 1}, "echo"),
+        (CHAT, {"messages": USER, "n": "1"}, "n"),
+        (CHAT, {"messages": USER, "stream": True, "stream_options": {"include_usage": "yes"}},
+         "stream_options.include_usage"),
+        (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        (CHAT, {"messages": USER, "stop": 5}, "stop"),
+    ]  # fmt: skip
+    for path, body, param in cases:
+        refused(post(url, path, body), param, param)
+    message = error_of(post(url, COMPLETIONS, {"prompt": [True]}))["message"]
+    kinds = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+    assert message == f"prompt: must be {kinds}"
+    assert len(backend.submitted) == before
+    assert post(url, CHAT, {"messages": USER, "temperature": 1, "max_tokens": 1}).status_code == 200
+
+
+def test_max_completion_tokens_is_checked_and_wins_over_max_tokens(fake: tuple[str, FakeBackend]) -> None:
+    url, _ = fake
+    for tokens in (
+        {"max_tokens": 1, "max_completion_tokens": -5},
+        {"max_tokens": 5, "max_completion_tokens": 0},
+        {"max_completion_tokens": 129},
+    ):
+        refused(post(url, CHAT, {"messages": USER, **tokens}), "max_completion_tokens: must lie in [1, 128]",
+                "max_completion_tokens")  # fmt: skip
+    refused(post(url, CHAT, {"messages": USER, "max_tokens": -1, "max_completion_tokens": 5}), "max_tokens")
+    reply = post(url, CHAT, {"messages": USER, "max_tokens": 100, "max_completion_tokens": 40}).json()
+    assert reply["usage"]["completion_tokens"] == 40  # as vLLM: max_completion_tokens wins
+
+
+def test_logprobs_are_refused_unless_off(fake: tuple[str, FakeBackend]) -> None:
+    """A completion's `logprobs: 0` asks for the chosen tokens' logprobs: not the neutral `false`."""
+    url, _ = fake
+    refused(post(url, COMPLETIONS, {"prompt": "x", "logprobs": 0}), "logprobs: not supported", "logprobs")
+    refused(post(url, CHAT, {"messages": USER, "logprobs": 0}), "logprobs: not supported", "logprobs")
+    refused(post(url, CHAT, {"messages": USER, "logprobs": True}), "logprobs: not supported", "logprobs")
+    assert post(url, CHAT, {"messages": USER, "logprobs": False, "max_tokens": 1}).status_code == 200
+    assert post(url, COMPLETIONS, {"prompt": "x", "logprobs": None, "max_tokens": 1}).status_code == 200
+    refused(post(url, COMPLETIONS, {"prompt": "x", "best_of": True}), "best_of: not supported", "best_of")
+
+
+def test_an_unknown_model_is_404_model_not_found_and_served_names_are_listed() -> None:
+    backend = FakeBackend()
+    with app_server(backend, served_names=("first", "second")) as (url, _):
+        response = post(url, COMPLETIONS, {"model": "gpt-4o", "prompt": "x"})
+        assert response.status_code == 404
+        error = error_of(response)
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+        assert "gpt-4o" in str(error["message"]) and "first, second" in str(error["message"])
+        refused(post(url, CHAT, {"model": "fake-model", "messages": USER}), "does not exist", status=404)
+        assert not backend.submitted
+        for name in ("first", "second"):
+            reply = post(url, CHAT, {"model": name, "messages": USER, "max_tokens": 1})
+            assert reply.status_code == 200 and reply.json()["model"] == name
+        assert post(url, COMPLETIONS, {"prompt": "x", "max_tokens": 1}).json()["model"] == "first"
+        listed = httpx.get(url + "/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["first", "second"]
+
+
+def test_every_error_is_openai_shaped_404_and_405_included(fake: tuple[str, FakeBackend]) -> None:
+    url, _ = fake
+    missing = httpx.get(url + "/v1/nothing")
+    refused(missing, "no such endpoint: GET /v1/nothing", status=404)
+    wrong = httpx.get(url + COMPLETIONS)
+    refused(wrong, "method not allowed: GET /v1/completions", status=405)
+    assert wrong.headers["allow"] == "POST"
+    assert error_of(wrong)["type"] == "MethodNotAllowedError"
+    refused(httpx.put(url + "/health"), "method not allowed", status=405)
+
+
+def test_messages_sangam_cannot_serve_are_named(fake: tuple[str, FakeBackend]) -> None:
+    url, backend = fake
+    before = len(backend.submitted)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    cases: list[tuple[list[dict[str, object]], str, str]] = [
+        ([*USER, {"role": "tool", "content": "42", "tool_call_id": "c1"}],
+         "a 'tool' message (a tool's result) is not supported", "messages.1.role"),
+        ([{"role": "user", "content": None}], "null content is not supported", "messages.0.content"),
+        ([{"role": "user"}], "null content is not supported", "messages.0.content"),
+        ([*USER, {"role": "assistant", "content": None, "tool_calls": [call]}],
+         "tool calls are not supported", "messages.1.tool_calls"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+         "only text parts are supported, not 'image_url'", "messages.0.content.0.type"),
+        ([{"role": "user", "content": [{"type": "text"}]}], "a text part needs its text",
+         "messages.0.content.0.text"),
+        ([{"role": "user", "content": "x", "name": "bob"}], "not supported by Sangam", "messages.0.name"),
+    ]  # fmt: skip
+    for messages, needle, param in cases:
+        refused(post(url, CHAT, {"messages": messages}), needle, param)
+    assert len(backend.submitted) == before
+    echoed = [*USER, {"role": "assistant", "content": "A", "refusal": None, "tool_calls": []}, *USER]
+    assert post(url, CHAT, {"messages": echoed, "max_tokens": 1}).status_code == 200
+
+
+def sse_chunks(url: str, path: str, body: dict[str, object]) -> list[dict[str, object]]:
+    with httpx.stream("POST", url + path, json=body, timeout=10) as response:
+        assert response.status_code == 200, response.read()
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(
+    fake: tuple[str, FakeBackend], path: str
+) -> None:
+    url, _ = fake
+    body: dict[str, object] = {"prompt": "x"} if path == COMPLETIONS else {"messages": USER}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = sse_chunks(url, path, {**body, "max_tokens": 70, "stream": True, "stream_options": options})
+    usages = [c["usage"] for c in chunks]
+    assert [u["completion_tokens"] for u in usages] == [32, 64, 70, 70]  # type: ignore[index]
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)  # type: ignore[index]
+    assert chunks[-1]["choices"] == []
+    plain = sse_chunks(url, path, {**body, "max_tokens": 70, "stream": True,
+                                   "stream_options": {"include_usage": True}})  # fmt: skip
+    assert ["usage" in c for c in plain] == [False, False, False, True]
+    as_vllm = sse_chunks(url, path, {**body, "max_tokens": 70, "stream": True,
+                                     "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
+    assert not any("usage" in c for c in as_vllm)  # as in vLLM, continuous usage needs include_usage
+    refused(post(url, path, {**body, "stream_options": {"include_usage": True}}), "only allowed when stream",
+            "stream_options")  # fmt: skip
+
+
+# ---- 4. a client that leaves mid-body ------------------------------------------------------------------
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_client_that_leaves_mid_body_is_routine_not_a_traceback() -> None:
+    backend = FakeBackend()
+    servers: list[uvicorn.Server] = []
+    records = Records()
+    logger = logging.getLogger("uvicorn.error")  # uvicorn's logging config, made as it starts, replaces
+    try:  # the logger's handlers: this one goes after it
+        with app_server(backend, servers=servers) as (url, state):
+            logger.addHandler(records)
+            host, port = url.removeprefix("http://").split(":")
+            for _ in range(3):
+                with socket.create_connection((host, int(port))) as sock:
+                    sock.sendall(HEAD + b"content-length: 100\r\n\r\n" + b'{"prompt": "x", ')
+                    deadline = time.monotonic() + 10
+                    while not servers[0].server_state.tasks:  # the app is reading the body
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+            deadline = time.monotonic() + 10
+            while servers[0].server_state.tasks or servers[0].server_state.connections:
+                assert time.monotonic() < deadline, "the requests were never ended"
+                time.sleep(0.01)
+            assert httpx.get(url + "/health").status_code == 200
+            assert not backend.submitted and state.in_flight == 0
+    finally:
+        logger.removeHandler(records)
+    assert not [r for r in records.records if r.levelno >= logging.WARNING], [
+        r.getMessage() for r in records.records
+    ]

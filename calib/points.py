@@ -5,16 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from profiles.store import Profile
 from profiles.testbed import Testbed
-from profiles.testbeds import scaled_cost_model, testbed_config, unscaled_cost_model
 from runs.config import RunConfig, RunFiles, synthetic_rows
 from sangam.budget import Policy
-from sangam.cost import CostModel, TimeScales
+from sangam.cost import TimeScales
 from sangam.layout import parse_mode
-from sim.options import options_on_testbed
 from sim.points import run_points
 from sim.run import SimResult
+from sim.setup import Resolver
 
 MAX_GPUS = 8  # the paper's node
 
@@ -54,21 +52,19 @@ class PointRunner:
 
     def __init__(self, testbed: Testbed) -> None:
         self.testbed = testbed
-        self._priced: dict[str, tuple[CostModel, str, Profile | None]] = {}
+        self._resolver = Resolver(testbed)
 
     def run(self, cfg: RunConfig, progress: str | None = None, scales: TimeScales | None = None) -> SimResult:
         """`cfg` on the testbed with forwards per block `progress` and its profile's times scaled by
         `scales` (defaults: the testbed's for the model and trace). Lengths and arrivals come from
         `cfg.seed`, so two runs that differ only in `progress` or `scales` see the same requests, and the
         same uniforms draw their forwards (common random numbers)."""
-        if cfg.model not in self._priced:
-            self._priced[cfg.model] = unscaled_cost_model(self.testbed, cfg.model)
-        unscaled, name, profile = self._priced[cfg.model]
-        cost, name = scaled_cost_model(unscaled, name, scales or self.testbed.scales(cfg.model))
-        cfg = testbed_config(self.testbed, cfg, profile, {})
-        spec = progress or self.testbed.progress_spec(cfg.model, cfg.trace)
-        options = options_on_testbed(self.testbed, {})
-        (result,) = run_points([(cfg, synthetic_rows(cfg))], cost, name, options, RunFiles(progress=spec))
+        setup = self._resolver.resolve(
+            cfg, progress=progress, scales=scales or self.testbed.scales(cfg.model)
+        )
+        points = [(setup.config, synthetic_rows(setup.config))]
+        files = RunFiles(progress=setup.progress)
+        (result,) = run_points(points, setup.cost, setup.cost_name, setup.options, files)
         return result
 
 

@@ -55,33 +55,23 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from cli.progress import bar
     from cli.trace import check_trace_name, refuse_rate_of_timed_trace
-    from profiles.testbeds import (
-        choose_testbed,
-        testbed_config,
-        testbed_cost_model,
-        testbed_progress,
-    )
+    from profiles.testbeds import choose_testbed
     from runs.report import print_sim_table
-    from sim.options import SimOptions, options_on_testbed
+    from sim.options import SimOptions
     from sim.points import run_points
+    from sim.setup import Resolver
 
     testbed = choose_testbed(args.testbed, args.gpu)
-    base = base_config(args, gpu=testbed.gpu)
-    given = given_options(args, SimOptions)
-    options = options_on_testbed(testbed, given)
-    cost, cost_name, profile = testbed_cost_model(
-        testbed, base.model, options.cost, time_scale=options.time_scale
-    )
-    base = testbed_config(testbed, base, profile, vars(args))
     files = collect(RunFiles, args)
-    files = dataclasses.replace(
-        files, progress=testbed_progress(testbed, base.model, base.trace, files.progress)
+    setup = Resolver(testbed, given_options(args, SimOptions)).resolve(
+        base_config(args, gpu=testbed.gpu), vars(args), files.progress
     )
+    base, files = setup.config, dataclasses.replace(files, progress=setup.progress)
     check_trace_name(base.trace)
     refuse_rate_of_timed_trace(base.trace, args.qps)
     points = workload_points(base, listed(args, "qps", base.qps))
     requests = sum(len(rows) for _, rows in points)
     with bar("sim", "requests") if len(points) > 1 or requests >= MANY_REQUESTS else nullcontext() as watch:
-        results = run_points(points, cost, cost_name, options, files, watch)
+        results = run_points(points, setup.cost, setup.cost_name, setup.options, files, watch)
     print_sim_table([r.summary for r in results])
     return 0

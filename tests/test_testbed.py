@@ -9,6 +9,7 @@ import math
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +228,29 @@ def test_a_testbeds_time_scales_multiply_each_kind_of_iteration(tmp_path: Path) 
     raw["time_scales"] = {"llada-8b": {"decode": {"value": 0, "source": "a test"}}}
     with pytest.raises(ValueError, match="must be positive"):
         parse_testbed(raw, "slow-decodes")
+
+
+def test_a_run_is_resolved_on_its_testbed_once_with_explicit_flags_winning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sim import setup as sim_setup
+
+    loads: list[str] = []
+    unscaled = sim_setup.unscaled_cost_model
+
+    def counted(testbed: Any, model: str, cost: str = "profile") -> Any:
+        loads.append(model)
+        return unscaled(testbed, model, cost)
+
+    monkeypatch.setattr(sim_setup, "unscaled_cost_model", counted)
+    h100 = load_testbed("reference-h100")
+    resolver = sim_setup.Resolver(h100, {"control_ms": 9.0})
+    first = resolver.resolve(RunConfig(mode="1C"))
+    assert (first.config.gpu, first.options.control_ms, first.options.testbed) == ("h100", 9.0, h100.name)
+    assert first.config.pages == h100.pages("llada-8b") and first.progress == h100.progress_spec(
+        "llada-8b", "sharegpt"
+    )
+    assert first.cost_name.endswith(h100.scales("llada-8b").label()) or h100.scales("llada-8b").identity
+    given = resolver.resolve(RunConfig(mode="1C", pages=100), {"pages": 100}, progress="fixed:3")
+    assert (given.config.pages, given.progress) == (100, "fixed:3")
+    assert loads == ["llada-8b"]  # the profile is read once per model

@@ -1,0 +1,64 @@
+"""A simulation resolved on its testbed once, into one typed object that the drivers hand down.
+
+A testbed supplies what a run cannot observe (docs/design.md section 7): its GPU and KV pages, arrival
+clip, forwards per block, KV link, control delay and the profile that prices iterations. Flags given
+explicitly override its values. `Resolver` does this once per testbed (each model's profile is read
+once) and `resolve` once per run; nothing downstream looks a name up again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from profiles.store import Profile
+from profiles.testbed import Testbed
+from profiles.testbeds import scaled_cost_model, testbed_config, testbed_progress, unscaled_cost_model
+from runs.config import RunConfig
+from sangam.cost import CostModel, TimeScales
+from sim.options import SimOptions, options_on_testbed
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One run on its testbed: the config (the testbed's GPU, pages and arrival clip), the simulator's
+    options (link, control delay), the forwards-per-block spec and the cost model with its name."""
+
+    testbed: Testbed
+    config: RunConfig
+    options: SimOptions
+    progress: str
+    cost: CostModel
+    cost_name: str
+    profile: Profile | None
+
+
+class Resolver:
+    """Resolves runs on one testbed; `given`: the SimOptions flags given explicitly (None: absent)."""
+
+    def __init__(self, testbed: Testbed, given: Mapping[str, Any] | None = None) -> None:
+        self.testbed = testbed
+        self.options = options_on_testbed(testbed, given or {})
+        self._unscaled: dict[str, tuple[CostModel, str, Profile | None]] = {}
+
+    def resolve(
+        self,
+        base: RunConfig,
+        given: Mapping[str, Any] | None = None,
+        progress: str | None = None,
+        scales: TimeScales | None = None,
+    ) -> Setup:
+        """`base` on the testbed, except where `given` (pages, arrival_clip, arrival_cv given explicitly)
+        or `progress` (`--progress`) say; iterations priced by the model's profile times `scales`
+        (default: the testbed's for the model) times `--time-scale`."""
+        model = base.model
+        if model not in self._unscaled:
+            self._unscaled[model] = unscaled_cost_model(self.testbed, model, self.options.cost)
+        unscaled, name, profile = self._unscaled[model]
+        if scales is None:
+            scales = self.testbed.scales(model) if profile is not None else TimeScales()
+        cost, name = scaled_cost_model(unscaled, name, scales.times(self.options.time_scale))
+        config = testbed_config(self.testbed, base, profile, given or {})
+        spec = testbed_progress(self.testbed, model, base.trace, progress)
+        return Setup(self.testbed, config, self.options, spec, cost, name, profile)

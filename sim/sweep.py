@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profiles.testbed import Testbed, testbed_dict
+from profiles.testbeds import choose_testbed, testbed_cost_model
 from runs.args import positive_int
 from runs.build import MANIFEST
 from runs.config import RunConfig, load_progress, workload_points
@@ -36,6 +37,7 @@ from sangam.hardware import MODELS
 from sangam.layout import parse_mode
 from sim.early_stop import Exceeds
 from sim.options import SimOptions
+from sim.setup import Resolver
 from sim.steady import KEYS as STEADY_KEYS
 from sim.steady import steadiness
 
@@ -152,27 +154,25 @@ def grid(
     `sangam sim` resolves a run: the testbed's GPU, KV pages (else its profile's live worker's), arrival
     clip and forwards per block, except where `base` (pages, arrival_clip, arrival_cv) or `progress`
     give their own. `sim`: the options as `profiles.testbeds.options_on_testbed` resolved them."""
-    from profiles.testbeds import choose_testbed, testbed_config, testbed_progress, unscaled_cost_model
 
     testbed = testbed or choose_testbed(None, base.gpu)
     sim = dataclasses.replace(sim, testbed=testbed.name)
     given: Mapping[str, Any] = {
         "pages": base.pages, "arrival_clip": base.arrival_clip, "arrival_cv": base.arrival_cv
     }  # fmt: skip
-    profiles = {model: unscaled_cost_model(testbed, model, sim.cost)[2] for model in options.models}
+    resolver = Resolver(testbed, {"cost": sim.cost})
     points = []
     for model, trace, budget, theta in itertools.product(
         options.models, options.traces, options.budgets, options.thetas
     ):
-        spec = testbed_progress(testbed, model, trace, progress)
         for layout in expand_layouts(options.layouts, base.gpus):
             for qps, seed in itertools.product(rates, options.seeds):
                 cfg = dataclasses.replace(
                     base, model=model, trace=trace, mode=layout, gpus=parse_mode(layout).num_workers,
                     budget=budget, theta=theta, qps=qps, seed=seed,
                 )  # fmt: skip
-                cfg = testbed_config(testbed, cfg, profiles[model], given)
-                points.append(Point(cfg, sim, spec, testbed))
+                setup = resolver.resolve(cfg, given, progress)
+                points.append(Point(setup.config, sim, setup.progress, testbed))
     return points
 
 
@@ -180,8 +180,6 @@ _priced: dict[tuple[str, str, str, float], tuple[CostModel, str]] = {}  # per pr
 
 
 def _cost_model(testbed: Testbed, model: str, cost: str, time_scale: float) -> tuple[CostModel, str]:
-    from profiles.testbeds import testbed_cost_model
-
     key = (json.dumps(testbed_dict(testbed), sort_keys=True), model, cost, time_scale)
     if key not in _priced:
         _priced[key] = testbed_cost_model(testbed, model, cost, time_scale=time_scale)[:2]
@@ -192,7 +190,6 @@ def run_point(point: Point) -> dict[str, Any]:
     """Simulate one point in this process; its summary (as `sangam sim` writes it) with whether it
     kept up with its arrivals (`sim.steady`; None for a run stopped early, with a request lost or too
     few requests)."""
-    from profiles.testbeds import choose_testbed
     from sim.run import simulate
 
     cfg = point.config

@@ -1,7 +1,8 @@
 """The native build, asked for with `SANGAM_NATIVE=1 pip install ...`: mypyc compiles the simulator's hot
 modules (`runs.build.NATIVE_MODULES`), so a simulated point runs in about half the time, and records the
 hash of each source it compiled. Asked for and impossible (no C compiler), the install fails. Without
-`SANGAM_NATIVE` nothing is compiled and the modules run as Python."""
+`SANGAM_NATIVE` (or with 0) nothing is compiled, and a native build left from an earlier install is
+removed, so the modules run as Python."""
 
 import json
 import os
@@ -11,7 +12,10 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 BUILD = runpy.run_path(os.path.join("runs", "build.py"))
-NATIVE = os.environ.get("SANGAM_NATIVE", "") not in ("", "0")
+CHOICE = os.environ.get("SANGAM_NATIVE", "")
+if CHOICE not in ("", "0", "1"):
+    raise SystemExit(f"SANGAM_NATIVE={CHOICE!r}: use 1 for the native build, 0 or nothing for Python")
+NATIVE = CHOICE == "1"
 
 
 class NativeBuild(build_ext):
@@ -27,6 +31,8 @@ class NativeBuild(build_ext):
 
 def extensions() -> list:
     if not NATIVE:
+        for path in BUILD["built_files"](BUILD["ROOT"]):
+            path.unlink()  # an earlier native build would otherwise still be imported
         return []
     from mypyc.build import mypycify
 

@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 
 import httpx
-from executor.ports import free_port
 
 from benchmarks.serve_bench import wait_healthy
+from executor.run.ports import free_port
 
 STARTUP_S = 300.0
 AFTER_S = 0.2  # /health is watched this long after each request's answer too

@@ -35,7 +35,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.progress import bar
+    from cli.bars import bar
     from executor.run.live import plan_run, run_live
 
     options = with_env_api_key(collect(LiveOptions, args), os.environ)

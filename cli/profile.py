@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         merge_log(model, gpu, list(options.from_log), root)
     else:
         from calib.profile_runner import run_profile as measure
-        from cli.progress import bar
+        from cli.bars import bar
 
         with bar("profile", "shapes") as watch:
             data, _ = measure(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.sweep import add_grid, grid_points
+from runs.build import build
 from runs.options import add_options, collect
 
 COLUMNS = (
@@ -28,6 +29,7 @@ COLUMNS = (
     "requests_needed",
     "probes",
     "slo",
+    "build",
 )
 
 
@@ -42,7 +44,7 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.progress import bar
+    from cli.bars import bar
     from sim.engines import EngineOptions, runner
     from sim.search import SearchOptions, search
     from sim.sweep import Cache, Counts, GridOptions
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [row(rank, a, options) for rank, a in enumerate(answers, 1)]
     print_table(rows, options)  # first: a path that cannot be written loses nothing printed
     out = write(rows, options.out)
-    print(f"{counts.ran} points run, {counts.cached} from the cache; wrote {out}")
+    print(f"{counts.ran} points run, {counts.cached} from the cache, {build()} build; wrote {out}")
     return 0
 
 
@@ -81,7 +83,7 @@ def row(rank: int, answer: Any, options: Any) -> dict[str, Any]:
         "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
         "resolution_qps": None if test is None else float(f"{test.resolution_qps:.3g}"),
         "requests_needed": answer.too_short(options.granularity), "probes": answer.marks(),
-        "slo": " ".join(s.text for s in options.slo),
+        "slo": " ".join(s.text for s in options.slo), "build": build(),
     }  # fmt: skip
 
 

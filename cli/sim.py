@@ -53,7 +53,7 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.progress import bar
+    from cli.bars import bar
     from cli.trace import check_trace_name, refuse_rate_of_timed_trace
     from profiles.testbeds import choose_testbed
     from runs.report import print_sim_table

@@ -76,7 +76,7 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.progress import bar
+    from cli.bars import bar
     from sim.engines import EngineOptions, runner
     from sim.sweep import Cache, Counts, GridOptions, evaluate, plot_latency, tidy_rows, write_table
 
@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     written = write_table(rows, options.out) + plot_latency(rows, options.out)
     wall = time.perf_counter() - started
     print_table(rows)
-    print(f"{len(points)} points: {counts.ran} run, {counts.cached} from the cache ({wall:.1f} s)")
+    builds = ", ".join(sorted({str(r["build"]) for r in rows}))
+    cached = f"{counts.cached} from the cache"
+    print(f"{len(points)} points: {counts.ran} run, {cached} ({wall:.1f} s), {builds} build")
     for path in written:
         print(f"wrote {path}")
     if not any(p.suffix == ".parquet" for p in written):

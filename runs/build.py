@@ -7,9 +7,9 @@ was built would run the old code, so `check` refuses it in one line that says ho
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.machinery
 import json
+import sys
 from pathlib import Path
 
 NATIVE_MODULES = (  # every simulated iteration runs through these
@@ -33,14 +33,12 @@ def source_hash(module: str, root: Path = ROOT) -> str:
     return hashlib.sha256(source_path(module, root).read_bytes()).hexdigest()
 
 
-def build() -> str:
-    """`native` when every hot module was imported from a compiled extension, else `python`."""
-    native = [_is_extension(importlib.import_module(m).__file__) for m in NATIVE_MODULES]
-    return "native" if all(native) else "python"
-
-
-def _is_extension(path: str | None) -> bool:
-    return path is not None and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+def build(root: Path = ROOT) -> str:
+    """`native` when every hot module has a compiled extension beside its source (Python imports it
+    ahead of the source), else `python`. Nothing is imported: a server need not load the simulator."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    built = [any(source_path(m, root).with_suffix(s).exists() for s in suffixes) for m in NATIVE_MODULES]
+    return "native" if all(built) else "python"
 
 
 def stale(root: Path = ROOT) -> list[str]:
@@ -73,12 +71,10 @@ def built_files(root: Path = ROOT) -> list[Path]:
     return [p for p in names if p.exists()]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """`python -m runs.build` says which build runs; `--clean` removes a native one."""
-    import sys
-
-    if sys.argv[1:] == ["--clean"]:
-        for path in built_files():
+    if (sys.argv[1:] if argv is None else argv) == ["--clean"]:
+        for path in built_files(ROOT):
             path.unlink()
             print(f"removed {path.relative_to(ROOT)}")
         return

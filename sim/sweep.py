@@ -153,7 +153,7 @@ def grid(
     """Every combination of the grid at every rate and seed on `testbed` (None: `sangam-<base.gpu>`), as
     `sangam sim` resolves a run: the testbed's GPU, KV pages (else its profile's live worker's), arrival
     clip and forwards per block, except where `base` (pages, arrival_clip, arrival_cv) or `progress`
-    give their own. `sim`: the options as `profiles.testbeds.options_on_testbed` resolved them."""
+    give their own. `sim`: the options as `sim.options.options_on_testbed` resolved them."""
 
     testbed = testbed or choose_testbed(None, base.gpu)
     sim = dataclasses.replace(sim, testbed=testbed.name)
@@ -329,6 +329,7 @@ def tidy_rows(points: Sequence[Point], summaries: Sequence[dict[str, Any]]) -> l
         config = {c: resolved[c] for c in FIRST_COLUMNS}
         config.update((k, v) for k, v in resolved.items() if k not in config and k not in HIDDEN)
         config["cost_model"] = summary.get("cost_model")
+        config["build"] = summary.get("build")
         metrics = {k: v for k, v in summary.items() if k not in NOT_METRICS and _scalar(v)}
         rows.append({**config, **metrics})
     return sorted(rows, key=lambda r: tuple(_order(r[c]) for c in (*FIRST_COLUMNS, *r)))

@@ -69,7 +69,7 @@ def test_a_live_replay_tells_its_watcher_up_to_every_request_finished(
     def watching(*_: Any) -> Iterator[Any]:
         yield heard.append
 
-    monkeypatch.setattr("cli.progress.bar", watching)
+    monkeypatch.setattr("cli.bars.bar", watching)
     trace = write_trace(tmp_path / "trace.csv", 12, qps=4.0, prompt=(4, 40), output=(1, 64), seed=1)
     replay(["--workers", "1", "--trace", str(trace), "--mask-len", "64", "--log-dir", str(tmp_path / "logs")])
     assert heard and heard[-1].done == heard[-1].total == 12 and "12 submitted, mean e2e" in heard[-1].note

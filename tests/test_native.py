@@ -8,6 +8,7 @@ import importlib
 import inspect
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -50,13 +51,18 @@ def test_a_native_build_goes_stale_when_any_source_changes(tmp_path: Path) -> No
     assert build.stale(tmp_path) == ["sim.cluster"]
 
 
-def test_a_stale_build_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stale_build_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(build, "stale", lambda: ["sangam.kv"])
     with pytest.raises(StaleBuild, match=r"^sangam/kv.py changed since the native build \(SANGAM_NATIVE=1"):
         build.check()
-    from cli.main import main
+    from cli import main as cli_main
 
-    assert main(["sim", "-n", "5"]) == 2  # the command line refuses it before running anything
+    ran: list[object] = []
+    monkeypatch.setattr(cli_main.COMMANDS["sim"], "run", ran.append)
+    assert cli_main.main(["sim", "-n", "5"]) == 2 and ran == []  # refused before the command runs
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_the_build_in_use_is_the_one_installed() -> None:
@@ -68,6 +74,17 @@ def test_the_build_in_use_is_the_one_installed() -> None:
     files = [importlib.import_module(m).__file__ or "" for m in NATIVE_MODULES]
     assert [f.endswith(".py") for f in files] == [not native] * len(files), files
     assert build.build() == ("native" if native else "python")
+
+
+def test_the_build_is_native_only_with_every_extension_in_place(tmp_path: Path) -> None:
+    _fake_sources(tmp_path)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    extensions = [build.source_path(m, tmp_path).with_suffix(suffix) for m in NATIVE_MODULES]
+    for path in extensions:
+        path.write_text("")
+    assert build.build(tmp_path) == "native"
+    extensions[-1].unlink()
+    assert build.build(tmp_path) == "python"
 
 
 POINT = (
@@ -96,7 +113,7 @@ def test_native_and_python_give_the_same_point(tmp_path: Path) -> None:
     assert native == python and native["completed"] == 300
 
 
-def test_built_files_are_what_clean_removes(tmp_path: Path) -> None:
+def test_clean_removes_the_built_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_sources(tmp_path)
     (tmp_path / "runs").mkdir()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -107,6 +124,9 @@ def test_built_files_are_what_clean_removes(tmp_path: Path) -> None:
     for path in [*made, tmp_path / "runs" / "native.json"]:
         path.write_text("")
     assert sorted(build.built_files(tmp_path)) == sorted([*made, tmp_path / "runs" / "native.json"])
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    build.main(["--clean"])
+    assert build.built_files(tmp_path) == [] and build.source_path("sangam.kv", tmp_path).exists()
 
 
 def test_frozen_dataclasses_of_the_native_modules_stay_python_classes() -> None:
@@ -122,3 +142,7 @@ def test_frozen_dataclasses_of_the_native_modules_stay_python_classes() -> None:
     for cls in frozen:
         for field in dataclasses.fields(cls):
             assert isinstance(cls.__dict__[field.name], types.MemberDescriptorType), (cls, field.name)
+    from sim.cluster import LinkSpec
+
+    link = LinkSpec(25.0, 0.002)
+    assert pickle.loads(pickle.dumps(link)) == link  # what process pools and Ray do

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class LiveModel:
     name: str
-    family: str  # executor.model.Family value
+    family: str  # executor.model.config.Family value
     spec: str  # sangam.hardware.MODELS key: shapes for KV bytes, pages and the progress model
     tiny: bool  # the two-layer CPU twin (random weights only)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.bars import bar, wanted
 from cli.main import main
-from cli.progress import bar, wanted
 from runs.config import RunConfig, RunFiles, workload_points
 from runs.tally import Tally
 from sim.options import SimOptions

@@ -104,7 +104,8 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
         "n_layers": config.layers, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
         "rms_norm_eps": config.rms_eps, "rope": True, "rope_full_precision": True,
         "rope_theta": config.rope_theta, "scale_logits": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": config.vocab, "weight_tying": False,
+        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": config.vocab,
+        "weight_tying": False,
     })  # fmt: skip
     write_json(directory / "generation_config.json", {
         "_from_model_config": True, "bos_token_id": 126080, "eos_token_id": 126081, "pad_token_id": 126081,
@@ -118,8 +119,9 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     serialized["added_tokens"] = [added_token(i, text) for i, text in LLADA_SPECIAL.items()]  # vocab has them
     write_json(directory / "tokenizer.json", serialized)
     write_json(directory / "tokenizer_config.json", {
-        "added_tokens_decoder": {str(i): added_token(i, text, with_id=False) for i, text in LLADA_SPECIAL.items()},
-        "bos_token": "<|startoftext|>", "chat_template": LLADA_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": added_tokens_decoder(LLADA_SPECIAL),
+        "bos_token": "<|startoftext|>", "chat_template": LLADA_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
         "eos_token": "<|endoftext|>", "model_max_length": 1000000000000000019884624838656,
         "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast",
     })  # fmt: skip
@@ -136,7 +138,9 @@ def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", {
         "architectures": ["DreamModel"], "attention_dropout": 0.0,
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "auto_map": {
+            "AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel",
+        },
         "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": config.hidden,
         "initializer_range": 0.02, "intermediate_size": config.intermediate, "mask_token_id": 151666,
         "max_position_embeddings": DREAM_POSITIONS, "max_window_layers": config.layers, "model_type": "Dream",
@@ -158,11 +162,13 @@ def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     write_json(directory / "added_tokens.json", {text: i for i, text in DREAM_SPECIAL.items()})
     shutil.copy(CODE / "tokenization_dream.py", directory / "tokenization_dream.py")
     write_json(directory / "tokenizer_config.json", {
-        "added_tokens_decoder": {str(i): added_token(i, text, with_id=False) for i, text in DREAM_SPECIAL.items()},
+        "added_tokens_decoder": added_tokens_decoder(DREAM_SPECIAL),
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
-        "bos_token": "<|beginoftext|>", "chat_template": DREAM_TEMPLATE, "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>", "errors": "replace", "mask_token": "<|mask|>", "model_max_length": 131072,
+        "bos_token": "<|beginoftext|>", "chat_template": DREAM_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>", "errors": "replace", "mask_token": "<|mask|>",
+        "model_max_length": 131072,
         "pad_token": "<|endoftext|>", "split_special_tokens": False, "tokenizer_class": "DreamTokenizer",
         "unk_token": None,
     })  # fmt: skip
@@ -186,7 +192,10 @@ def write_shards(directory: Path, config: ModelConfig, *, shards: int, seed: int
         save_file({name: tensors[name] for name in part}, directory / file, metadata={"format": "pt"})
         weight_map |= dict.fromkeys(part, file)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    write_json(directory / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json(
+        directory / "model.safetensors.index.json",
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+    )
 
 
 def write_model_code(directory: Path, family: str, config_class: str, model_type: str) -> None:
@@ -218,6 +227,10 @@ def added_token(token: int, text: str, *, with_id: bool = True) -> dict[str, obj
         "content": text, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
         "special": True,
     }  # fmt: skip
+
+
+def added_tokens_decoder(tokens: dict[int, str]) -> dict[str, object]:
+    return {str(token): added_token(token, text, with_id=False) for token, text in tokens.items()}
 
 
 def special(text: str) -> dict[str, object]:

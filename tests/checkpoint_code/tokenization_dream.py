@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import pairwise
+from typing import ClassVar
 
 from transformers import PreTrainedTokenizer
 
@@ -27,8 +29,8 @@ def byte_alphabet() -> dict[int, str]:
 
 
 class DreamTokenizer(PreTrainedTokenizer):
-    vocab_files_names = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
-    model_input_names = ["input_ids", "attention_mask"]
+    vocab_files_names: ClassVar[dict[str, str]] = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
+    model_input_names: ClassVar[list[str]] = ["input_ids", "attention_mask"]
 
     def __init__(self, vocab_file: str, merges_file: str, **kwargs: object) -> None:
         with open(vocab_file, encoding="utf-8") as f:
@@ -51,7 +53,9 @@ class DreamTokenizer(PreTrainedTokenizer):
     def _tokenize(self, text: str, **kwargs: object) -> list[str]:
         pieces = [self.to_char[b] for b in text.encode("utf-8")]
         while len(pieces) > 1:
-            ranked = [(self.ranks.get((a, b), len(self.ranks)), i) for i, (a, b) in enumerate(zip(pieces, pieces[1:]))]
+            ranked = [
+                (self.ranks.get((a, b), len(self.ranks)), i) for i, (a, b) in enumerate(pairwise(pieces))
+            ]
             rank, at = min(ranked)
             if rank == len(self.ranks):
                 break
@@ -75,5 +79,7 @@ class DreamTokenizer(PreTrainedTokenizer):
         with open(vocab, "w", encoding="utf-8") as f:
             json.dump(self.encoder, f, ensure_ascii=False)
         with open(merges, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in sorted(self.ranks, key=self.ranks.get)))
+            f.write(
+                "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in sorted(self.ranks, key=self.ranks.get))
+            )
         return vocab, merges

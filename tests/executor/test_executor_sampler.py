@@ -118,7 +118,7 @@ def test_gumbel_noise_and_scores_are_float64(temperature: float) -> None:
 
 def test_dreams_refresh_commits_the_first_position_whatever_the_confidence() -> None:
     """Dream's first forward of a block commits its first position alone: a confident position elsewhere
-    waits, and an unsure first position is still taken. Later forwards, and schedule mode, keep their rules."""
+    waits, and an unsure first position is still taken. Later forwards and schedule mode keep their rules."""
     probs = [0.99] * BLOCK
     probs[0] = 0.2
     logits = peaked(list(range(BLOCK)), probs)

@@ -61,7 +61,9 @@ def test_the_layouts_are_the_repositories(written: dict[Family, Checkpoint]) -> 
 
 
 @pytest.mark.parametrize("family", list(Family))
-def test_a_checkpoint_loads_without_running_its_code(family: Family, written: dict[Family, Checkpoint]) -> None:
+def test_a_checkpoint_loads_without_running_its_code(
+    family: Family, written: dict[Family, Checkpoint]
+) -> None:
     model = load_checkpoint(written[family].directory, dtype=torch.float32)  # modeling_*.py raises if run
     assert model.config.vocab == written[family].config.vocab
     assert model.config.mask_id == written[family].config.mask_id
@@ -70,7 +72,9 @@ def test_a_checkpoint_loads_without_running_its_code(family: Family, written: di
 # ---- stops and the context window --------------------------------------------------------------------
 
 
-def test_stops_are_the_configs_eos_ids_and_the_chat_templates_turn_end(written: dict[Family, Checkpoint]) -> None:
+def test_stops_are_the_configs_eos_ids_and_the_chat_templates_turn_end(
+    written: dict[Family, Checkpoint],
+) -> None:
     # config.json and generation_config.json name only <|endoftext|>; the template ends turns otherwise
     assert read_config(written[Family.LLADA].directory).eos_ids == (126081, 126348)  # <|eot_id|>
     assert read_config(written[Family.DREAM].directory).eos_ids == (151643, 151645)  # <|im_end|>
@@ -79,7 +83,9 @@ def test_stops_are_the_configs_eos_ids_and_the_chat_templates_turn_end(written: 
 def test_generation_config_and_template_stops_add_up(tmp_path: Path) -> None:
     directory = dream_checkpoint(tmp_path / "dream").directory
     generation = json.loads((directory / "generation_config.json").read_text())
-    (directory / "generation_config.json").write_text(json.dumps(generation | {"eos_token_id": [151643, 151644]}))
+    (directory / "generation_config.json").write_text(
+        json.dumps(generation | {"eos_token_id": [151643, 151644]})
+    )
     assert read_config(directory).eos_ids == (151643, 151644, 151645)
 
 
@@ -128,7 +134,9 @@ def test_llada_loads_without_remote_code_and_never_prompts(
     monkeypatch.setattr(builtins, "input", no_prompt)  # its config.json's auto_map made transformers ask
     tokenizer = load_tokenizer(None, str(written[Family.LLADA].directory))
     prompt = tokenizer.chat_prompt([Message("user", "hi")])
-    assert prompt[:2] == [126080, 126346] and 126348 in prompt  # <|startoftext|><|start_header_id|>, <|eot_id|>
+    assert (
+        prompt[:2] == [126080, 126346] and 126348 in prompt
+    )  # <|startoftext|><|start_header_id|>, <|eot_id|>
 
 
 @pytest.mark.parametrize("family", list(Family))
@@ -160,15 +168,7 @@ def reference_generate(model: Transformer, prompt: Tensor, blocks: int, threshol
     x = torch.cat([prompt, torch.full((blocks * BLOCK,), config.mask_id)])
     for block in range(blocks):
         start = len(prompt) + block * BLOCK
-        cache: dict[int, tuple[Tensor, Tensor]] = {}
-
-        def keep(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            cache[layer] = (k, v)
-            return dense_attention(layer, q, k, v)
-
-        everywhere = torch.arange(len(x))
-        with torch.inference_mode():
-            logits = model(x, everywhere, keep, everywhere)
+        logits, cache = refresh(model, x)
         if dream:
             logits = torch.cat([logits[:1], logits[:-1]])
         probs = to_probs(logits[start : start + BLOCK], config.mask_id)
@@ -176,20 +176,41 @@ def reference_generate(model: Transformer, prompt: Tensor, blocks: int, threshol
             x[start] = probs[0].argmax()
         else:
             commit(x, start, probs, threshold, config.mask_id)
-
-        def fresh_block(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            keys, values = cache[layer][0].clone(), cache[layer][1].clone()
-            keys[start : start + BLOCK], values[start : start + BLOCK] = k, v
-            return dense_attention(layer, q, keys, values)
-
         while (x[start : start + BLOCK] == config.mask_id).any():
-            rows = torch.arange(BLOCK)
-            with torch.inference_mode():
-                logits = model(x[start : start + BLOCK], torch.arange(start, start + BLOCK), fresh_block, rows)
+            logits = block_forward(model, x, start, cache)
             if dream:
                 logits = torch.cat([logits[:1], logits[:-1]])
             commit(x, start, to_probs(logits, config.mask_id), threshold, config.mask_id)
     return x[len(prompt) :]
+
+
+Cache = dict[int, tuple[Tensor, Tensor]]
+
+
+@torch.inference_mode()
+def refresh(model: Transformer, x: Tensor) -> tuple[Tensor, Cache]:
+    """Logits at every position of `x`, and every layer's K and V."""
+    cache: Cache = {}
+
+    def keep(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        cache[layer] = (k, v)
+        return dense_attention(layer, q, k, v)
+
+    everywhere = torch.arange(len(x))
+    return model(x, everywhere, keep, everywhere), cache
+
+
+@torch.inference_mode()
+def block_forward(model: Transformer, x: Tensor, start: int, cache: Cache) -> Tensor:
+    """Logits of the block's positions, from its tokens against the cache with the block's K and V fresh."""
+
+    def fresh_block(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        keys, values = cache[layer][0].clone(), cache[layer][1].clone()
+        keys[start : start + BLOCK], values[start : start + BLOCK] = k, v
+        return dense_attention(layer, q, keys, values)
+
+    positions = torch.arange(start, start + BLOCK)
+    return model(x[start : start + BLOCK], positions, fresh_block, torch.arange(BLOCK))
 
 
 def to_probs(logits: Tensor, mask_id: int) -> Tensor:
@@ -250,4 +271,6 @@ def test_dreams_refresh_commits_the_blocks_first_position_alone(written: dict[Fa
     with torch.inference_mode():  # the token left of the block predicts it
         logits = model(torch.cat([prompt, torch.full((BLOCK,), model.config.mask_id)]), everywhere,
                        dense_attention, everywhere)  # fmt: skip
-    assert int(block[0]) == int(to_probs(logits[len(prompt) - 1 : len(prompt)], model.config.mask_id).argmax())
+    assert int(block[0]) == int(
+        to_probs(logits[len(prompt) - 1 : len(prompt)], model.config.mask_id).argmax()
+    )

@@ -18,7 +18,7 @@ from executor.control.messages import BlockWork
 from executor.model.attention import TorchAttention
 from executor.model.config import Family
 from executor.model.forward import ModelRunner
-from executor.model.hf_config import read_config
+from executor.model.hf_config import chat_turn_end, read_config
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import load_checkpoint
 from executor.model.transformer import Transformer
@@ -89,6 +89,16 @@ def test_generation_config_and_template_stops_add_up(tmp_path: Path) -> None:
     assert read_config(directory).eos_ids == (151643, 151644, 151645)
 
 
+def test_the_turn_end_is_read_from_the_chat_template(tmp_path: Path) -> None:
+    directory = llada_checkpoint(tmp_path / "llada").directory
+    assert chat_turn_end(directory) == 126348
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    template = config["chat_template"].replace("<|eot_id|>", "<|end_header_id|>")  # another turn end
+    (directory / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    assert chat_turn_end(directory) == 126347
+    assert read_config(directory).eos_ids == (126081, 126347)
+
+
 def test_without_a_tokenizer_the_familys_turn_end_still_stops(tmp_path: Path) -> None:
     directory = llada_checkpoint(tmp_path / "llada").directory
     (directory / "tokenizer_config.json").unlink()
@@ -103,13 +113,22 @@ def test_the_context_window_is_what_the_model_documents(written: dict[Family, Ch
 # ---- tokenizers ----------------------------------------------------------------------------------------
 
 
-def no_prompt(*args: object) -> str:
-    raise AssertionError("a terminal prompt (transformers asking about remote code)")
+PROMPTS: list[str] = []  # what transformers asked on the terminal (it swallows an error `input` raises)
 
 
-def test_dream_without_trust_remote_code_ends_with_one_line(written: dict[Family, Checkpoint]) -> None:
+def no_prompt(question: object = "") -> str:
+    PROMPTS.append(str(question))
+    raise EOFError
+
+
+def test_dream_without_trust_remote_code_ends_with_one_line(
+    written: dict[Family, Checkpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(builtins, "input", no_prompt)
+    PROMPTS.clear()
     with pytest.raises(ValueError) as caught:
         load_tokenizer(None, str(written[Family.DREAM].directory))
+    assert PROMPTS == []
     message = str(caught.value)
     assert "\n" not in message
     assert "--trust-remote-code" in message and "tokenization_dream.py" in message
@@ -119,7 +138,9 @@ def test_dream_with_trust_remote_code_loads_its_tokenizer_and_chat_template(
     written: dict[Family, Checkpoint], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(builtins, "input", no_prompt)
+    PROMPTS.clear()
     tokenizer = load_tokenizer(None, str(written[Family.DREAM].directory), trust_remote_code=True)
+    assert PROMPTS == []
     assert isinstance(tokenizer, PretrainedTokenizer)
     prompt = tokenizer.chat_prompt([Message("user", "hello the world")])
     tail = [151644, *tokenizer.encode("assistant\n")]  # <|im_start|>assistant
@@ -132,7 +153,9 @@ def test_llada_loads_without_remote_code_and_never_prompts(
     written: dict[Family, Checkpoint], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(builtins, "input", no_prompt)  # its config.json's auto_map made transformers ask
+    PROMPTS.clear()
     tokenizer = load_tokenizer(None, str(written[Family.LLADA].directory))
+    assert PROMPTS == []
     prompt = tokenizer.chat_prompt([Message("user", "hi")])
     assert (
         prompt[:2] == [126080, 126346] and 126348 in prompt
@@ -148,6 +171,19 @@ def test_special_tokens_never_appear_in_text(
     answer = tokenizer.encode("the answer")
     ids = [*answer, *config.eos_ids, config.mask_id, *answer]
     assert tokenizer.decode(ids) == "the answerthe answer"
+
+
+def test_special_tokens_never_appear_even_where_the_tokenizer_would_keep_them(tmp_path: Path) -> None:
+    # a slow tokenizer skips only the special tokens its special_tokens_map names: without
+    # `additional_special_tokens`, <|im_start|> and <|im_end|> (marked special where added) would show
+    directory = dream_checkpoint(tmp_path / "dream").directory
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        config = json.loads((directory / name).read_text())
+        del config["additional_special_tokens"]
+        (directory / name).write_text(json.dumps(config))
+    tokenizer = load_tokenizer(None, str(directory), trust_remote_code=True)
+    answer = tokenizer.encode("the answer")
+    assert tokenizer.decode([*answer, 151645, 151644, *answer]) == "the answerthe answer"
 
 
 # ---- whole generations against the models' own block generation -------------------------------------

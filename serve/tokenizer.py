@@ -117,10 +117,14 @@ class PretrainedTokenizer:
         finally:
             hf_logging.set_verbosity(verbosity)
         self.eos_id = self._tokenizer.eos_token_id
-        self.longest_token = max(map(len, self._tokenizer.get_vocab()))
-        self._special = frozenset(self._tokenizer.all_special_ids) | {
+        vocab = self._tokenizer.get_vocab()
+        self.longest_token = max(map(len, vocab))
+        special = set(self._tokenizer.all_special_ids) | {
             token for token, added in self._tokenizer.added_tokens_decoder.items() if added.special
         }
+        # what decode keeps: a model's vocabulary may be larger than its tokenizer's (Dream's 152,064 rows
+        # against 151,667 tokens), and a slow tokenizer may fail on an id it does not know
+        self._text_ids = frozenset(vocab.values()) - special
         if not getattr(self._tokenizer, "chat_template", None):
             raise ValueError(f"--tokenizer {directory}: the tokenizer has no chat template")
 
@@ -128,7 +132,7 @@ class PretrainedTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        kept = [token for token in ids if token not in self._special]
+        kept = [token for token in ids if token in self._text_ids]
         text: str = self._tokenizer.decode(kept, skip_special_tokens=True)
         return text
 

@@ -22,7 +22,10 @@ from executor.model.hf_config import chat_turn_end, read_config
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import load_checkpoint
 from executor.model.transformer import Transformer
+from executor.run.live import LivePlan, plan_run
+from executor.run.live_options import LiveOptions
 from executor.worker.engine import Engine
+from runs.config import RunConfig
 from sangam.batcher import Batcher
 from sangam.budget import BatchConfig
 from sangam.hardware import BLOCK
@@ -186,6 +189,13 @@ def test_special_tokens_never_appear_even_where_the_tokenizer_would_keep_them(tm
     assert tokenizer.decode([*answer, 151645, 151644, *answer]) == "the answerthe answer"
 
 
+def test_ids_the_tokenizer_does_not_know_are_left_out(written: dict[Family, Checkpoint]) -> None:
+    # Dream's model has 152,064 rows and its tokenizer fewer tokens; its slow tokenizer fails on the rest
+    tokenizer = load_tokenizer(None, str(written[Family.DREAM].directory), trust_remote_code=True)
+    answer = tokenizer.encode("the answer")
+    assert tokenizer.decode([*answer, 55593, 152063, *answer]) == "the answerthe answer"
+
+
 # ---- whole generations against the models' own block generation -------------------------------------
 
 
@@ -310,3 +320,31 @@ def test_dreams_refresh_commits_the_blocks_first_position_alone(written: dict[Fa
     assert int(block[0]) == int(
         to_probs(logits[len(prompt) - 1 : len(prompt)], model.config.mask_id).argmax()
     )
+
+
+# ---- --max-model-len -------------------------------------------------------------------------------
+
+
+def plan(weights: Path | str, mask_len: int = 64, **options: object) -> LivePlan:
+    live = LiveOptions(workers=1, weights=str(weights), **options)  # type: ignore[arg-type]
+    return plan_run(RunConfig(mask_len=mask_len, pages=512), live)
+
+
+def test_max_model_len_reaches_the_workers_within_the_models_positions(
+    written: dict[Family, Checkpoint],
+) -> None:
+    dream = written[Family.DREAM].directory
+    assert plan(dream).cluster.max_model_len is None  # the workers register the documented 2048
+    assert plan(dream, max_model_len=8192).cluster.max_model_len == 8192
+    with pytest.raises(ValueError, match="allows 131072 positions"):
+        plan(dream, max_model_len=131073)
+    with pytest.raises(ValueError, match="allows 4096 positions"):
+        plan(written[Family.LLADA].directory, max_model_len=8192)
+
+
+def test_a_window_with_no_room_for_a_prompt_is_refused(written: dict[Family, Checkpoint]) -> None:
+    with pytest.raises(ValueError, match="no room for a prompt in the context window of 2048 tokens"):
+        plan(written[Family.DREAM].directory, mask_len=2048)
+    assert plan(written[Family.DREAM].directory, mask_len=2048, max_model_len=4096).cluster.mask_len == 2048
+    with pytest.raises(ValueError, match="window of 64 tokens"):
+        plan("random", max_model_len=64)

@@ -166,7 +166,7 @@ def listen(host: str, port: int) -> socket.socket:
 def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Path | None) -> int:
     """Serve until drained; 0 after a clean drain, 1 if the cluster failed; ValueError/OSError for bad
     input (exit 2)."""
-    tokenizer = load_tokenizer(options.tokenizer, live.weights)
+    tokenizer = load_tokenizer(options.tokenizer, live.weights, trust_remote_code=live.trust_remote_code)
     sock = listen(options.host, options.port)
     host, port = sock.getsockname()[:2]
     state = ServingState()

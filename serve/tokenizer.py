@@ -6,14 +6,19 @@ Two sources, one interface (`TextTokenizer`):
   makes it), read with the `tokenizers` library and its Jinja chat template rendered here, so that a
   server starts without transformers' import time;
 - a Hugging Face checkpoint directory (`--weights DIR`, or `--tokenizer DIR`), read with transformers'
-  `AutoTokenizer`, which applies the checkpoint's own chat template.
+  `AutoTokenizer`, which applies the checkpoint's own chat template. A tokenizer that is code shipped with
+  the checkpoint (Dream's `tokenization_dream.py`, named by tokenizer_config.json's `auto_map`) runs only
+  with `--trust-remote-code`; without it the server ends with one line saying so. `trust_remote_code` is
+  always passed, so transformers never asks on a terminal (it would for any `auto_map`, LLaDA's config's
+  included, whose tokenizer needs no code).
 
 Both let go of the GIL while they encode (the `tokenizers` library's batch call, which transformers' fast
 tokenizers make for one text too), so that the app tokenizes a long prompt on a thread while its event
 loop runs.
 
 The model decides when a request ends (its EOS ids, from the workers' registration: the worker flags a
-block that commits one); `eos_mismatch` warns of a tokenizer whose EOS is not among them.
+block that commits one); `eos_mismatch` warns of a tokenizer whose EOS is not among them. Decoding leaves
+out every special token (the turn ends, the mask, ...), whatever the tokenizer's own rules.
 """
 
 from __future__ import annotations
@@ -84,18 +89,42 @@ class BuiltinTokenizer:
 
 
 class PretrainedTokenizer:
-    """A checkpoint's tokenizer through transformers' `AutoTokenizer` (offline: a local directory)."""
+    """A checkpoint's tokenizer through transformers' `AutoTokenizer` (offline: a local directory); its
+    own code runs only with `trust_remote_code`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, trust_remote_code: bool = False) -> None:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         self.name = str(directory)
+        code = remote_code(directory)
+        if code is not None and not trust_remote_code:
+            raise ValueError(
+                f"{directory}: the tokenizer is code shipped with the checkpoint ({code}); "
+                "pass --trust-remote-code to run it"
+            )
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # not its notes on the checkpoint's model type, which we never load
         try:
-            self._tokenizer: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"--tokenizer {directory}: cannot load a tokenizer: {err}") from None
+            self._tokenizer: Any = AutoTokenizer.from_pretrained(
+                str(directory), local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError, ImportError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if "trust_remote_code" in str(err):
+                first = "the checkpoint's own code is needed to load it; pass --trust-remote-code to run it"
+            raise ValueError(f"{directory}: cannot load a tokenizer: {first}") from None
+        finally:
+            hf_logging.set_verbosity(verbosity)
         self.eos_id = self._tokenizer.eos_token_id
-        self.longest_token = max(map(len, self._tokenizer.get_vocab()))
+        vocab = self._tokenizer.get_vocab()
+        self.longest_token = max(map(len, vocab))
+        special = set(self._tokenizer.all_special_ids) | {
+            token for token, added in self._tokenizer.added_tokens_decoder.items() if added.special
+        }
+        # what decode keeps: a model's vocabulary may be larger than its tokenizer's (Dream's 152,064 rows
+        # against 151,667 tokens), and a slow tokenizer may fail on an id it does not know
+        self._text_ids = frozenset(vocab.values()) - special
         if not getattr(self._tokenizer, "chat_template", None):
             raise ValueError(f"--tokenizer {directory}: the tokenizer has no chat template")
 
@@ -103,7 +132,8 @@ class PretrainedTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        kept = [token for token in ids if token in self._text_ids]
+        text: str = self._tokenizer.decode(kept, skip_special_tokens=True)
         return text
 
     def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
@@ -114,14 +144,29 @@ class PretrainedTokenizer:
         return self.encode(text)
 
 
-def load_tokenizer(tokenizer: Path | None, weights: str) -> TextTokenizer:
+def load_tokenizer(tokenizer: Path | None, weights: str, *, trust_remote_code: bool = False) -> TextTokenizer:
     """`--tokenizer DIR` if given, else the `--weights DIR` checkpoint's, else the built-in BPE."""
     directory = tokenizer if tokenizer is not None else (None if weights == "random" else Path(weights))
     if directory is None:
         return BuiltinTokenizer()
     if not directory.is_dir():
         raise ValueError(f"--tokenizer {directory}: not a directory")
-    return PretrainedTokenizer(directory)
+    return PretrainedTokenizer(directory, trust_remote_code=trust_remote_code)
+
+
+def remote_code(directory: Path) -> str | None:
+    """The module of the checkpoint that its tokenizer is (tokenizer_config.json's `auto_map` names it for
+    AutoTokenizer: Dream's `tokenization_dream.py`), or None: a tokenizer transformers implements."""
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    entry = (config.get("auto_map") or {}).get("AutoTokenizer") if isinstance(config, dict) else None
+    names = [entry] if isinstance(entry, str) else [n for n in entry or () if isinstance(n, str)]
+    if not names:
+        return None
+    module = names[0].split("--")[-1].rsplit(".", 1)[0]  # "repo--module.Class" names another repository's
+    return f"{module}.py"
 
 
 def eos_mismatch(tokenizer: TextTokenizer, eos_ids: Sequence[int]) -> str | None:

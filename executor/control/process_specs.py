@@ -67,6 +67,7 @@ class WorkerLaunch:
     fault_stall_recv: int | None = None  # tests: stall this request's receives
     hang_timeout: float = 300.0  # report unhealthy if one iteration runs this long
     rejoin: bool = False  # a restarted process: KV links are built when first used, not at start-up
+    max_model_len: int | None = None  # the context window registered; None: the model's documented one
     host: str = "127.0.0.1"
     port: int = 0
     exit_with_parent: bool = True

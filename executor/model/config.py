@@ -25,13 +25,18 @@ class FamilyTraits:
     mask_id: int
     eos_ids: tuple[int, ...]
     logit_shift: int  # 1: the head at position i predicts token i + 1 (Dream, initialised from an AR model)
-    context_len: int  # context window, tokens (config.json may override it)
+    context_len: int  # context window as the model documents it, tokens (`--max-model-len` overrides it)
+    positions: int  # the most positions its config allows (random weights reach this far: timing runs)
 
 
 TRAITS: dict[Family, FamilyTraits] = {
-    Family.LLADA: FamilyTraits("LLaDAModelLM", 1e-5, 500_000.0, 126336, (126081, 126348), 0, 4096),
-    Family.DREAM: FamilyTraits("DreamModel", 1e-6, 1_000_000.0, 151666, (151643, 151645), 1, 131072),
+    Family.LLADA: FamilyTraits("LLaDAModelLM", 1e-5, 500_000.0, 126336, (126081, 126348), 0, 4096, 4096),
+    Family.DREAM: FamilyTraits("DreamModel", 1e-6, 1_000_000.0, 151666, (151643, 151645), 1, 2048, 131072),
 }
+# Context windows: LLaDA 4,096, its pretraining length (config.json's max_sequence_length); Dream 2,048,
+# prompt and answer together, as its model card states (its config's max_position_embeddings, 131,072, is
+# Qwen2.5's). Random weights (`full_size`) are timing stand-ins that replay the paper's traces (Dream with
+# prompts up to 4k plus 512 masks), so they reach the config's positions instead.
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +92,7 @@ def full_size(family: Family) -> ModelConfig:
         rope_theta=traits.rope_theta,
         mask_id=traits.mask_id,
         eos_ids=traits.eos_ids,
-        context_len=traits.context_len,
+        context_len=traits.positions,
     )
 
 

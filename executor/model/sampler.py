@@ -10,6 +10,14 @@ masked:
   spreading the masks evenly so the block ends in exactly d forwards. Random weights are never confident,
   so timing runs use it to impose the progress model's per-block forward counts.
 
+Dream's block start (`first_at_refresh`): in threshold mode, a block's first forward (its prefill) commits
+exactly the block's first position, whatever its confidence, as Dream's own block generation with
+Fast-dLLM does. That position's logit comes from the settled token to its left (Dream's head predicts the
+next token), so it is the one position the refresh predicts from committed context alone.
+
+At a temperature, the Gumbel noise and the noisy scores are float64, as LLaDA's reference sampler does
+(its authors report that lower precision hurts quality).
+
 Committed tokens are never re-masked.
 """
 
@@ -57,19 +65,32 @@ class BlockStep:
         return self.forwards - self.step
 
 
-def unmask(block_tokens: Tensor, logits: Tensor, steps: Sequence[BlockStep], mask_id: int) -> Tensor:
+def unmask(
+    block_tokens: Tensor,
+    logits: Tensor,
+    steps: Sequence[BlockStep],
+    mask_id: int,
+    *,
+    first_at_refresh: bool = False,
+) -> Tensor:
     """New block tokens (N, 32), on the logits' device, from tokens (N, 32) and logits (N, 32, vocab).
+
+    `first_at_refresh` (Dream): a threshold-mode item's first forward of a block commits exactly the
+    block's first position (the module's docstring says why).
 
     The whole batch is sampled with a fixed handful of kernels and no host sync: which positions are
     masked and how many each schedule commits are read from `block_tokens`, best passed on the host.
     """
     host = block_tokens.cpu()
     masked_host = host == mask_id
-    quotas, thresholds = [], []
-    for count, step in zip(masked_host.sum(-1).tolist(), steps, strict=True):
+    quotas, thresholds, firsts = [], [], []
+    for count, first_masked, step in zip(
+        masked_host.sum(-1).tolist(), masked_host[:, 0].tolist(), steps, strict=True
+    ):
         left = step.forwards_left
         quotas.append(1 if left is None else schedule_quota(count, left))
         thresholds.append(step.params.threshold if left is None else torch.inf)
+        firsts.append(first_at_refresh and left is None and step.step == 0 and first_masked)
     device = logits.device
     tokens = _to_device(host, device)
     quota = _to_device(torch.tensor(quotas)[:, None], device)
@@ -77,6 +98,10 @@ def unmask(block_tokens: Tensor, logits: Tensor, steps: Sequence[BlockStep], mas
     masked = tokens == mask_id
     proposal, confidence = propose(logits, mask_id, steps)
     commit = masked & (top_commits(confidence.masked_fill(~masked, -1.0), quota) | (confidence >= threshold))
+    if any(firsts):
+        only_first = _to_device(torch.tensor(firsts)[:, None], device)
+        at_start = torch.arange(commit.shape[-1], device=device) == 0
+        commit = torch.where(only_first, at_start.expand_as(commit), commit)
     return torch.where(commit, proposal, tokens)
 
 
@@ -92,17 +117,20 @@ def propose(logits: Tensor, mask_id: int, steps: Sequence[BlockStep]) -> tuple[T
     proposal = logprobs.argmax(-1)
     for i, step in enumerate(steps):
         if step.params.temperature > 0.0:
-            noise = _gumbel(logprobs.shape[1:], _generator(step, logits.device))
+            noise = gumbel(logprobs.shape[1:], _generator(step, logits.device))
+            scores = logits[i].double()
+            scores[..., mask_id] = -torch.inf
             # argmax(l / T + g) scaled by T: a tiny T cannot overflow every score to -inf (then argmax is 0)
-            proposal[i] = (logprobs[i] + step.params.temperature * noise).argmax(-1)
+            proposal[i] = (scores + step.params.temperature * noise).argmax(-1)
     # the proposal is never the mask id, so the masked-out column does not change its confidence
     return proposal, logprobs.gather(-1, proposal[..., None]).squeeze(-1).exp()
 
 
-def _gumbel(shape: torch.Size, generator: torch.Generator | None) -> Tensor:
+def gumbel(shape: torch.Size, generator: torch.Generator | None) -> Tensor:
+    """Standard Gumbel noise of `shape` in float64, drawn from `generator` (on its device)."""
     device = generator.device if generator is not None else None
-    uniform = torch.rand(shape, generator=generator, device=device)
-    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
+    uniform = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
 
 
 def top_commits(confidence: Tensor, count: Tensor) -> Tensor:

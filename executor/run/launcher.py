@@ -92,6 +92,7 @@ class ClusterSpec:
     stop_at_eos: bool = (
         False  # a request ends after the block that commits EOS (unless its forwards are forced)
     )
+    max_model_len: int | None = None  # context window; None: the model's documented one
 
     @property
     def layout(self) -> Layout:
@@ -234,7 +235,7 @@ class LocalCluster:
                 cuda_graphs=spec.cuda_graphs, secret=self.secret, kv_transport=spec.transport,
                 dist_port=dist_port,
                 transfer_timeout=spec.transfer_timeout, dist_timeout=spec.dist_timeout,
-                fault_stall_recv=spec.fault_stall_recv,
+                fault_stall_recv=spec.fault_stall_recv, max_model_len=spec.max_model_len,
             )  # fmt: skip
             self._launches[index] = launch
             self._spawn(f"worker {index}", "executor.worker.process", launch, worker.env, index)

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from executor.control.messages import ClusterStatus, ModelFacts, RequestState, Sampling, Submission
+from executor.model.config import TINY_CONTEXT, TRAITS, Family
+from executor.model.hf_config import context_window, position_limit
 from executor.model.live_models import TINY_PAGES, lookup_live_model
 from executor.run.launcher import (
     ClusterSpec,
@@ -89,17 +91,42 @@ class LivePlan:
         return out
 
 
-def _checkpoint_spec(path: Path) -> str:
-    """The sangam.hardware model a local checkpoint is shaped like (from config.json)."""
+def _checkpoint_config(path: Path) -> dict[str, Any]:
+    """A local checkpoint's config.json, parsed."""
     try:
-        raw = json.loads((path / "config.json").read_text())
+        raw: dict[str, Any] = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--weights {path}: cannot read config.json: {err}") from None
+    return raw
+
+
+def _checkpoint_spec(path: Path, raw: dict[str, Any]) -> str:
+    """The sangam.hardware model a local checkpoint is shaped like (from config.json)."""
     architecture = (raw.get("architectures") or [None])[0]
     known = {"LLaDAModelLM": "llada-8b", "DreamModel": "dream-7b"}
     if architecture not in known:
         raise ValueError(f"--weights {path}: architecture {architecture!r} is not LLaDAModelLM or DreamModel")
     return known[architecture]
+
+
+def _context_window(args: LiveOptions, raw: dict[str, Any] | None, model: str, mask_len: int) -> None:
+    """ValueError if `--max-model-len` passes the positions the model allows, or if the window leaves no
+    room for a prompt beside the mask buffer. (The workers register the window; the scheduler and the
+    HTTP server refuse a longer request.)"""
+    if raw is not None:
+        window, limit = context_window(raw), position_limit(raw)
+    else:  # random weights reach as far as the config's positions (executor.model.config.full_size)
+        live = lookup_live_model(model)
+        window = limit = TINY_CONTEXT if live.tiny else TRAITS[Family(live.family)].positions
+    if args.max_model_len is not None:
+        if args.max_model_len > limit:
+            raise ValueError(f"--max-model-len {args.max_model_len}: the model allows {limit} positions")
+        window = args.max_model_len
+    if mask_len >= window:
+        raise ValueError(
+            f"the {mask_len}-token mask buffer (--mask-len) leaves no room for a prompt in the context "
+            f"window of {window} tokens (--max-model-len)"
+        )
 
 
 def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True) -> LivePlan:
@@ -123,13 +150,16 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
             f"mode {base.mode!r} names {layout.num_workers} workers but {len(workers)} are started"
         )
     random_weights = args.weights == "random"
+    raw = None
     if random_weights:
         model = args.model or ("tiny-llada" if on_cpu else "llada-8b")
         spec_name = lookup_live_model(model).spec
         tiny = lookup_live_model(model).tiny
     else:
         model, tiny = str(args.weights), False
-        spec_name = _checkpoint_spec(Path(args.weights))
+        raw = _checkpoint_config(Path(args.weights))
+        spec_name = _checkpoint_spec(Path(args.weights), raw)
+    _context_window(args, raw, model, base.mask_tokens)
     if tiny and not on_cpu:
         raise ValueError(f"{model} is a CPU test model; use llada-8b or dream-7b on GPUs")
     pages = base.pages or (TINY_PAGES if tiny else None)
@@ -173,6 +203,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         stop_at_eos=not random_weights,
         restart_workers=args.restart_workers,
         worker_timeout=args.worker_timeout,
+        max_model_len=args.max_model_len,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")
     return LivePlan(

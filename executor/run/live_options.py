@@ -59,6 +59,15 @@ class LiveOptions:
         default_text="llada-8b on GPU, tiny-llada on CPU",
     )  # fmt: skip
     weights: str = option("random", "'random' or a local Hugging Face checkpoint directory")
+    trust_remote_code: bool = option(
+        False, "run code shipped with a checkpoint where it needs it (vLLM's flag): Dream's tokenizer is its "
+        "own tokenization_dream.py; the models themselves are always Sangam's",
+    )  # fmt: skip
+    max_model_len: int | None = option(
+        None, "context window in tokens, prompt and mask buffer together (vLLM's flag); a longer request is "
+        "refused (HTTP 400)", parse=positive_int, metavar="N",
+        default_text="what the model documents: LLaDA 4096, Dream 2048",
+    )  # fmt: skip
     threads: int = option(1, "torch CPU threads per worker", parse=positive_int)
     cuda_graphs: bool = option(True, "replay decode-only iterations from CUDA graphs (GPU workers)")
     host: str = option("127.0.0.1", "address the scheduler's client port binds")

@@ -114,6 +114,7 @@ class Engine:
         self.mask_id = model.config.mask_id
         self.eos_ids = model.config.eos_ids
         self.shift = model.config.logit_shift
+        self.first_at_refresh = model.config.family is Family.DREAM  # Dream's block start (sampler.py)
         self.device = model.device
         self.jobs: dict[int, Job] = {}
         self._local_ids = itertools.count()
@@ -207,7 +208,7 @@ class Engine:
         blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
 
         logits, gpu_s = self._timed_forward(items)
-        committed = unmask(blocks, logits, steps, self.mask_id)
+        committed = unmask(blocks, logits, steps, self.mask_id, first_at_refresh=self.first_at_refresh)
         on_launch()
         new_blocks = committed.cpu()
         gpu_s = gpu_s()

@@ -306,7 +306,7 @@ def main() -> int:
                 device=str(device),
                 pid=os.getpid(),
                 role=role.value,
-                context_len=config.context_len,
+                context_len=args.max_model_len or config.context_len,
             ),
         ).incarnation
         rpc.set_serving(health, True)

@@ -102,6 +102,37 @@ def test_gumbel_sampling_is_reproducible_per_seed_block_and_step() -> None:
     assert first.ne(MASK).sum() == 1 and other.ne(MASK).sum() == 1
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_gumbel_noise_and_scores_are_float64(temperature: float) -> None:
+    """The proposal is argmax(logits + T * g) with g = -log(-log u), u uniform in float64 from the step's
+    generator, everything in float64 (LLaDA's sampler: low precision hurts quality)."""
+    logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    for seed in range(8):
+        proposal, _ = propose_one(logits, temperature, seed=seed)
+        generator = torch.Generator().manual_seed(step_seed(seed, 0, 0))
+        uniform = torch.rand(BLOCK, VOCAB, generator=generator, dtype=torch.float64)
+        scores = logits.double() - temperature * torch.log(-torch.log(uniform))
+        scores[:, MASK] = -torch.inf
+        assert torch.equal(proposal, scores.argmax(-1))
+
+
+def test_dreams_refresh_commits_the_first_position_whatever_the_confidence() -> None:
+    """Dream's first forward of a block commits its first position alone: a confident position elsewhere
+    waits, and an unsure first position is still taken. Later forwards and schedule mode keep their rules."""
+    probs = [0.99] * BLOCK
+    probs[0] = 0.2
+    logits = peaked(list(range(BLOCK)), probs)
+    first = unmask(masks()[None], logits[None], [step(0)], MASK, first_at_refresh=True)[0]
+    expected = masks()
+    expected[0] = int(logits[0].argmax())  # a straightforward statement of the rule
+    assert torch.equal(first, expected)
+    later = unmask(masks()[None], logits[None], [step(1)], MASK, first_at_refresh=True)[0]
+    assert torch.equal(later, unmask_block(masks(), logits, step(1), MASK))
+    scheduled = unmask(masks()[None], logits[None], [step(0, forwards=1)], MASK, first_at_refresh=True)[0]
+    assert scheduled.ne(MASK).all()
+    assert unmask_block(masks(), logits, step(0), MASK).ne(MASK).sum() == BLOCK - 1  # LLaDA's rule
+
+
 @pytest.mark.parametrize("temperature", [1e-4, 1e-44])  # 1e-44: l / T is -inf everywhere in float32
 def test_gumbel_at_low_temperature_is_argmax(temperature: float) -> None:
     logits = torch.randn(BLOCK, VOCAB, generator=torch.Generator().manual_seed(1)) * 5
@@ -161,10 +192,10 @@ def reference_unmask(block: Tensor, logits: Tensor, block_step: BlockStep) -> Te
     scores = logprobs.clone()
     scores[:, MASK] = -torch.inf
     params = block_step.params
-    if params.temperature > 0.0:
+    if params.temperature > 0.0:  # Gumbel-max in float64
         generator = torch.Generator().manual_seed(step_seed(params.seed, block_step.block, block_step.step))
-        uniform = torch.rand(scores.shape, generator=generator).clamp_min(torch.finfo(torch.float32).tiny)
-        scores = scores + params.temperature * -torch.log(-torch.log(uniform))
+        uniform = torch.rand(scores.shape, generator=generator, dtype=torch.float64)
+        scores = scores.double() + params.temperature * -torch.log(-torch.log(uniform))
     proposal = scores.argmax(-1)
     confidence = {i: float(logprobs[i, proposal[i]].exp()) for i in masked}
     by_confidence = sorted(masked, key=lambda i: -confidence[i])

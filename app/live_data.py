@@ -19,7 +19,6 @@ from app.inputs import InputError
 from app.sweep import PointSpec
 from runs.config import RunConfig
 from runs.results import METRICS
-from sangam.budget import Policy
 from sangam.hardware import BLOCK
 from sangam.workload import TraceRow, check_steps
 from sim.cluster import LinkSpec
@@ -89,15 +88,8 @@ def _table(data: bytes, name: str, needs: tuple[str, ...]) -> pd.DataFrame:
 
 def live_config(run: LiveRun) -> RunConfig:
     """The run's RunConfig (from summary.json's resolved config), for exactly its finished requests."""
-    given = run.summary["config"]
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    values = {k: v for k, v in given.items() if k in fields}
-    try:
-        values["policy"] = Policy(values.get("policy", Policy.DEFICIT.value))
-        values["num_requests"] = len(run.requests)
-        if values.get("pages") is None and isinstance(given.get("kv_pages"), int):
-            values["pages"] = given["kv_pages"]  # the pool the live workers really had
-        return RunConfig(**values)
+    try:  # kv_pages: the pool the live workers really had
+        return RunConfig.from_resolved(run.summary["config"], num_requests=len(run.requests))
     except (TypeError, ValueError) as err:
         raise InputError(f"summary.json's config is not a sangam config: {err}") from None
 

@@ -372,7 +372,7 @@ def test_forwards_that_no_block_can_take_name_blocks_csv(tmp_path: Path, forward
 def test_a_live_config_with_unknown_values_is_refused(tmp_path: Path) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     summary = json.loads((folder / "summary.json").read_text())
-    summary["config"]["mode"] = "9P9Q"
+    summary["config"]["layout"] = "9P9Q"
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match="not a sangam config: bad mode"):
         twin_spec(load_directory(folder))

@@ -7,7 +7,16 @@ import streamlit as st
 
 from app import analysis, charts
 from app.inputs import InputError, check_progress
-from app.live_data import FILES, LiveRun, comparison_frame, load_directory, load_files, twin_spec
+from app.live_data import (
+    FILES,
+    LiveRun,
+    comparison_frame,
+    load_directory,
+    load_files,
+    twin_notes,
+    twin_spec,
+    twin_testbed,
+)
 from app.sweep import COSTS, PointResult, PointSpec
 from app.ui import COST_LABELS, chart, run_points
 from runs.results import PARTS, REQUEST_COLUMNS
@@ -57,8 +66,11 @@ def show(run: LiveRun, sim: PointResult) -> None:
     st.markdown(
         f"**{cfg.get('layout', cfg.get('mode'))}**, {cfg.get('model')} on {cfg.get('gpu')}, "
         f"{len(run.requests)} requests, τ {cfg.get('budget')}, θ {cfg.get('theta')}; forwards per block "
-        f"{forwards}; sim iteration times {sim.summary['cost_model']}."
+        f"{forwards}; simulated on testbed {twin_testbed(run.summary).name}, iteration times "
+        f"{sim.summary['cost_model']}."
     )
+    for note in twin_notes(run.summary):
+        st.warning(f"Not like for like: {note}.")
     table = comparison_frame(run.summary, sim.summary)
     heads = st.columns(3)
     for col, key, label in zip(
@@ -118,7 +130,8 @@ def main() -> None:
     st.title("Simulated vs live")
     st.caption(
         "Load what `sangam live --out DIR` wrote; the same config and the same requests then run "
-        "through the simulator."
+        "through the simulator, on the testbed of the run's own model and GPU (a run on CPU workers or "
+        "of a tiny test model has none, and the page says so)."
     )
     try:
         given = read_inputs()

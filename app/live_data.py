@@ -17,12 +17,14 @@ import pandas as pd
 
 from app.inputs import InputError
 from app.sweep import PointSpec
+from profiles.testbed import Testbed
+from profiles.testbeds import known_testbeds, load_testbed
 from runs.config import RunConfig
 from runs.results import METRICS
-from sangam.budget import Policy
-from sangam.hardware import BLOCK
+from sangam.hardware import BLOCK, MODELS
 from sangam.workload import TraceRow, check_steps
 from sim.cluster import LinkSpec
+from sim.options import options_on_testbed
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
 REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "e2el", "queue", "decode")
@@ -89,15 +91,8 @@ def _table(data: bytes, name: str, needs: tuple[str, ...]) -> pd.DataFrame:
 
 def live_config(run: LiveRun) -> RunConfig:
     """The run's RunConfig (from summary.json's resolved config), for exactly its finished requests."""
-    given = run.summary["config"]
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    values = {k: v for k, v in given.items() if k in fields}
-    try:
-        values["policy"] = Policy(values.get("policy", Policy.DEFICIT.value))
-        values["num_requests"] = len(run.requests)
-        if values.get("pages") is None and isinstance(given.get("kv_pages"), int):
-            values["pages"] = given["kv_pages"]  # the pool the live workers really had
-        return RunConfig(**values)
+    try:  # kv_pages: the pool the live workers really had
+        return RunConfig.from_resolved(run.summary["config"], num_requests=len(run.requests))
     except (TypeError, ValueError) as err:
         raise InputError(f"summary.json's config is not a sangam config: {err}") from None
 
@@ -132,10 +127,63 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
     return tuple(rows)
 
 
+def twin_testbed(summary: Mapping[str, Any]) -> Testbed:
+    """The testbed that models the run on its own model and device: a simulated run's own testbed, a
+    live run's `sangam-<gpu>` (our executor's profiles on its GPU). InputError saying why none does: a
+    run on CPU workers, or of a model the simulator has no iteration times for (the tiny test models),
+    or on a GPU no shipped testbed models; comparing such a run with a GPU's simulation would report a
+    difference that only says the hardware differs."""
+    cfg = summary["config"]
+    served = str(cfg.get("live_model") or cfg.get("model"))
+    devices = [str(d) for d in cfg.get("devices") or []]
+    cpus = sum(d.startswith("cpu") for d in devices)
+    known = known_testbeds()
+    if cpus:
+        raise InputError(
+            f"this run served {served} on {cpus} CPU worker{'s' if cpus > 1 else ''}: the simulator prices "
+            f"iterations from GPU profiles only (testbeds {', '.join(known)}), so it has no twin of this "
+            "run; compare a run on a GPU"
+        )
+    if served != cfg.get("model"):
+        raise InputError(
+            f"this run served {served}, not {cfg.get('model')}: the simulator has iteration times of "
+            f"{', '.join(MODELS)} only, so it has no twin of this run"
+        )
+    name = str(summary.get("testbed") or f"sangam-{cfg.get('gpu')}")
+    if name not in known:
+        raise InputError(f"no shipped testbed models this run ({name}; known: {', '.join(known)})")
+    return load_testbed(name)
+
+
+def twin_notes(summary: Mapping[str, Any]) -> list[str]:
+    """What the twin of a run it can simulate still leaves out."""
+    devices = [str(d) for d in summary["config"].get("devices") or []]
+    notes = []
+    if len(set(devices)) < len(devices):
+        notes.append(
+            f"{len(devices)} workers shared {len(set(devices))} GPU{'s' if len(set(devices)) > 1 else ''} "
+            f"({', '.join(devices)}); the simulator gives each worker a whole GPU, so the live run's "
+            "contention for it is not modelled"
+        )
+    return notes
+
+
 def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointSpec:
-    """The simulation of the live run's config on its own requests."""
-    progress = "" if run.blocks is not None else progress  # blocks.csv fixes every block's forwards
-    spec = PointSpec(live_config(run), progress, live_rows(run), run.digest, cost)
+    """The simulation of the run's config on its own requests, on the testbed that models its model and
+    device (`twin_testbed`; InputError if none does): its profiles, its KV link and control delay unless
+    the run records its own (a simulated run), and its forwards per block unless blocks.csv or
+    `progress` give them."""
+    bed = twin_testbed(run.summary)
+    cfg = live_config(run)
+    if run.blocks is not None:
+        progress = ""  # blocks.csv fixes every block's forwards
+    elif not progress:
+        progress = bed.progress_spec(cfg.model, cfg.trace if cfg.is_synthetic else "sharegpt")
+    options = options_on_testbed(bed, {})
+    spec = PointSpec(
+        cfg, progress, live_rows(run), run.digest, cost, bed.name, options.link_spec(),
+        options.control_ms / 1000,
+    )  # fmt: skip
     link, control_ms = run.summary.get("kv_link"), run.summary.get("control_ms")  # a sim run's own
     if isinstance(link, dict):
         spec = dataclasses.replace(spec, link=LinkSpec(float(link["gb_per_s"]), float(link["latency_s"])))

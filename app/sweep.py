@@ -52,8 +52,7 @@ class PointSpec:
     @property
     def key(self) -> str:
         """Everything that decides the result, as text: the cache key."""
-        config = self.cfg.resolved()
-        del config["mode"]  # its "layout" names the workers whichever way the mode was spelt
+        config = self.cfg.resolved()  # its "layout" names the workers whichever way the mode was spelt
         link = [self.link.gb_per_s, self.link.latency_s]
         parts = [config, self.progress, self.trace_digest, self.cost, link, self.control_s]
         if self.testbed:

@@ -67,10 +67,15 @@ class FitOptions:
         "(decodes only), mixed (prefills with decodes)", many=True, choices=KINDS, metavar="KIND",
         default_text="none",
     )  # fmt: skip
-    name: str | None = option(None, "the new testbed's name", default_text="the base testbed's name + '-fit'")
+    name: str | None = option(
+        None,
+        "the new testbed's name (not a shipped testbed's)",
+        default_text="the --out file's name, else the base testbed's name + '-fit'",
+    )
     out: Path | None = option(
-        None, "the new testbed's file", parse=Path, metavar="FILE",
-        default_text="profiles/data/testbeds/NAME.json",
+        None, "where to write the new testbed: a directory (for NAME.json) or a FILE.json named after it; "
+        "never a shipped testbed or inside the installed package", parse=Path, metavar="PATH",
+        default_text="the working directory",
     )  # fmt: skip
 
     @property

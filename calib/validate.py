@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -117,7 +118,7 @@ def run_validate(
             )
         live = read_summary(live_dir)
         check_same_run(live_dir, live.get("config", {}), cfg)
-        sim_cfg = dataclasses.replace(cfg, pages=live.get("config", {}).get("pages") or profile.kv_pages)
+        sim_cfg = dataclasses.replace(cfg, pages=live_pages(live.get("config", {})) or profile.kv_pages)
         sim_dir = options.out / f"sim-qps{qps:g}"
         (result,) = run_points(
             [(sim_cfg, synthetic_rows(sim_cfg))], cost, cost_name, sim_options, RunFiles(out=sim_dir)
@@ -143,6 +144,13 @@ def run_live_point(cfg: RunConfig, out: Path) -> None:
         raise RuntimeError(f"the live run at {cfg.qps:g} QPS failed")
 
 
+def live_pages(config: dict[str, Any]) -> int | None:
+    """The KV pages a live run's workers held, from its summary.json's config (None: not known). Files
+    written before one name per fact hold `pages` (None: the pool was not given) beside `kv_pages`."""
+    pages = config["pages"] if "pages" in config else config.get("kv_pages")
+    return pages if isinstance(pages, int) else None
+
+
 def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None:
     """ValueError unless the live run's config is the one about to be simulated."""
     expected = cfg.resolved()  # as the live run's summary records it
@@ -159,16 +167,29 @@ def read_summary(directory: Path) -> dict[str, Any]:
     return summary
 
 
-def print_report(points: list[dict[str, Any]], path: Path) -> None:
-    table = Table(title="sangam validate: simulator vs live (seconds)", caption=f"report: {path}")
+def print_report(points: list[dict[str, Any]], path: Path, console: Console | None = None) -> None:
+    """One row per compared metric, one column per load: live / simulated seconds and the simulator's
+    error, readable at 80 columns (a cell wraps between its numbers, never inside one)."""
+    table = Table(
+        title="sangam validate: live / simulated seconds (simulator error)", caption=f"report: {path}",
+        box=box.SIMPLE_HEAD, collapse_padding=True,
+    )  # fmt: skip
     keys = [k for k in COMPARED if any(k in p["error_pct"] for p in points)]
-    for name in ("load", "QPS", *(f"{key} live / sim (err %)" for key in keys)):
-        table.add_column(name, justify="right")
+    table.add_column("metric", no_wrap=True)
     for p in points:
-        errors = p["error_pct"]
+        load = f"\n{p['load']}" if p["load"] != f"{p['qps']:g}" else ""  # a named share of the knee
+        table.add_column(f"{p['qps']:g} QPS{load}", justify="right", overflow="fold")
+    for key in keys:
         cells = [
-            f"{p['live'][k] / 1000:.2f} / {p['sim'][k] / 1000:.2f} ({errors.get(k, float('nan')):+.1f})"
-            for k in keys
+            f"{p['live'][key] / 1000:.2f} / {p['sim'][key] / 1000:.2f} ({p['error_pct'][key]:+.1f}%)"
+            if key in p["error_pct"]
+            else "-"
+            for p in points
         ]
-        table.add_row(p["load"], f"{p['qps']:g}", *cells)
-    Console(width=200).print(table)
+        table.add_row(metric_label(key), *cells)
+    (console or Console()).print(table)
+
+
+def metric_label(key: str) -> str:
+    """`p99_e2el_ms` -> `p99 e2e`."""
+    return key.removesuffix("_ms").replace("e2el", "e2e").replace("_", " ")

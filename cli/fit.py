@@ -29,17 +29,14 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from calib.fit import FitOptions, fit_targets, fitted_testbed, measured_testbed
     from calib.targets import read_targets
-    from profiles.testbeds import TESTBEDS, choose_testbed, write_testbed
+    from profiles.testbeds import choose_testbed, new_testbed_file, write_testbed
 
     options = collect(FitOptions, args)
     blocks = list(options.blocks)
     if (options.targets is None) == (not blocks):
         raise ValueError("give either --targets CSV or --blocks DIR...")
     base = choose_testbed(args.testbed, None)
-    name = options.name or (options.out.stem if options.out else f"{base.name}-fit")
-    out = options.out or TESTBEDS / f"{name}.json"
-    if out.stem != name:
-        raise ValueError(f"a testbed's file is named after it: --out {out} for --name {name}")
+    name, out = new_testbed_file(options.name, options.out, base.name)
     if blocks:
         testbed = measured_testbed(base, name, blocks)
         for (model, trace), entry in testbed.progress.items():

@@ -24,6 +24,8 @@ from sangam.hardware import lookup_gpu, lookup_model
 
 TESTBEDS = DATA / "testbeds"
 DEFAULT_GPU = RunConfig().gpu
+INSTALLED = DATA.parent.parent  # the directory holding the installed packages
+PACKAGES = ("sangam", "runs", "sim", "profiles", "executor", "app", "cli", "calib", "serve")
 
 
 def known_testbeds(root: Path = TESTBEDS) -> list[str]:
@@ -42,11 +44,40 @@ def load_testbed(name_or_file: str, root: Path = TESTBEDS) -> Testbed:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
+        if path.parent != root:
+            raise ValueError(f"no testbed file {path}") from None
         known = ", ".join(known_testbeds(root)) or "none"
-        raise ValueError(f"no testbed {name_or_file!r} (known: {known})") from None
+        raise ValueError(f"no testbed {name_or_file!r} (known: {known}, or a JSON file)") from None
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read the testbed {path}: {err}") from None
     return parse_testbed(data, path.stem)
+
+
+def inside_package(path: Path, installed: Path = INSTALLED) -> bool:
+    """Whether `path` lies inside one of the installed packages (their code or shipped data)."""
+    resolved = path.resolve()
+    return any(resolved.is_relative_to((installed / package).resolve()) for package in PACKAGES)
+
+
+def new_testbed_file(
+    name: str | None, out: Path | None, base: str, root: Path = TESTBEDS, installed: Path = INSTALLED
+) -> tuple[str, Path]:
+    """The name and file of a testbed `sangam fit` makes: `out` a `.json` file (named after the testbed,
+    whose name defaults to its stem), or a directory (default: the working directory) to hold NAME.json
+    (NAME defaulting to `base` + '-fit'). A shipped testbed's name, and a file inside the installed
+    package, are refused (ValueError, one line): a command never replaces what ships."""
+    file = out if out is not None and out.suffix == ".json" else None
+    if out is not None and file is None and out.suffix and not out.is_dir():
+        raise ValueError(f"--out {out}: give a directory or a testbed file ending in .json")
+    name = name or (file.stem if file is not None else f"{base}-fit")
+    path = file if file is not None else (out if out is not None else Path()) / f"{name}.json"
+    if path.stem != name:
+        raise ValueError(f"a testbed's file is named after it: --out {out} for --name {name}")
+    if name in known_testbeds(root):
+        raise ValueError(f"{name} is a shipped testbed, which no command replaces: give another --name")
+    if inside_package(path, installed):
+        raise ValueError(f"--out {out}: inside the installed package ({installed}), which no command changes")
+    return name, path
 
 
 def write_testbed(testbed: Testbed, path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,28 @@ class RunConfig:
         return random.Random(f"{self.seed}:{stream}")
 
     def resolved(self) -> dict[str, Any]:
-        """The config with every default made explicit, for summary.json."""
+        """The config with every default made explicit, for summary.json, one name per fact: `layout`
+        (the mode's canonical name: `8C` for `colocated` on 8 GPUs) for `mode`, `kv_pages` (the pages a
+        worker holds, given or from GPU memory) for `pages`. `from_resolved` reads it back."""
         out = dataclasses.asdict(self)
+        del out["mode"], out["pages"]
         out.update(layout=self.layout.name, kv_pages=self.kv_pages, mask_len=self.mask_tokens)
         return out
+
+    @classmethod
+    def from_resolved(cls, values: Mapping[str, Any], **changes: Any) -> RunConfig:
+        """The config a summary.json's `resolved()` config names (files that still hold `mode` and
+        `pages`, written before one name per fact, are read too), with `changes`; TypeError or
+        ValueError if it is not one."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in values.items() if k in fields}
+        if "layout" in values:
+            given["mode"] = values["layout"]
+        if given.get("pages") is None and isinstance(values.get("kv_pages"), int):
+            given["pages"] = values["kv_pages"]
+        if isinstance(given.get("policy"), str):
+            given["policy"] = Policy(given["policy"])
+        return cls(**{**given, **changes})
 
 
 def synthetic_rows(cfg: RunConfig) -> list[TraceRow]:

@@ -1,8 +1,10 @@
-"""The results table printed by `sangam sim` and `sangam live`: at most 80 columns, numbers never cut."""
+"""The results table printed by `sangam sim` and `sangam live`: at most 80 columns, numbers never cut,
+and the configuration below it wrapped between its fields to the terminal's width."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePath
 from typing import Any
 
 from rich import box
@@ -30,7 +32,7 @@ def caption(cfg: dict[str, Any]) -> str:
     where = cfg["gpu"] if not devices or devices[0] != "cpu" else cpus
     model = cfg.get("live_model", cfg["model"])
     return (
-        f"{cfg['layout']}  {model} on {where}  trace {cfg['trace']}  policy {cfg['policy']}  "
+        f"{cfg['layout']}  {model} on {where}  trace {PurePath(cfg['trace']).name}  policy {cfg['policy']}  "
         f"tau {cfg['budget']}  theta {cfg['theta']}  {cfg['num_requests']} requests  seed {cfg['seed']}"
     )
 
@@ -49,5 +51,18 @@ def print_sim_table(summaries: Sequence[dict[str, Any]], title: str = "sangam si
     )  # narrower, a terminal wraps the lines instead of rich cutting cells
     console.print(table)
     build = summaries[0].get("build")
-    line = caption(summaries[0]["config"]) + (f"  {build} build" if build else "")
-    console.print(line, soft_wrap=True)  # a long caption is never wrapped
+    fields = caption(summaries[0]["config"]).split("  ") + ([f"{build} build"] if build else [])
+    for line in wrap_fields(fields, console.width):
+        console.print(line, soft_wrap=True)  # rich never breaks a field; one longer than the line stays whole
+
+
+def wrap_fields(fields: Sequence[str], width: int) -> list[str]:
+    """`fields` joined by two spaces into lines of at most `width` characters, breaking only between
+    fields (a field longer than `width` gets a line of its own)."""
+    lines: list[str] = []
+    for field in fields:
+        if lines and len(lines[-1]) + 2 + len(field) <= width:
+            lines[-1] += "  " + field
+        else:
+            lines.append(field)
+    return lines

@@ -2,9 +2,10 @@
 
 `requests.csv`: one row per request with its latency breakdown in seconds;
 `blocks.csv`: one row per block with every timestamp and placement;
-`summary.json`: the resolved config and vLLM-style keys (`mean_e2el_ms`, `p99_e2el_ms`, ...), and
-with worker failures what recovery did (`workers_lost`, `requests_recovered`, `forwards_redone`,
-`requests_failed`). The tables hold the requests that completed.
+`summary.json`: the resolved config and vLLM-style keys (`duration`, `failed`, `mean_e2el_ms`,
+`p99_e2el_ms`, ...), one name per fact, and with worker failures what recovery did (`workers_lost`,
+`requests_recovered`, `forwards_redone`; its failed requests are `failed`). The tables hold the
+requests that completed.
 
 A block's time splits exactly into prefill_queue (ready -> prefill start), prefill,
 decode_queue (waiting for decode pages, then for a decode seat), transfer and decode, so
@@ -127,7 +128,7 @@ def summarize(
     none unless the driver says otherwise), and `recovery`'s counts if given (its failed requests are
     `failed`)."""
     counts = dataclasses.asdict(recovery) if recovery is not None else {}
-    failed = recovery.requests_failed if recovery is not None else 0
+    failed = counts.pop("requests_failed", 0)  # vLLM's `failed`
     if not rows:
         return {"completed": 0, "failed": failed, **counts}
     # lists, not generators, for the scans: a point sums some 4000 rows per key
@@ -139,8 +140,7 @@ def summarize(
     summary: dict[str, Any] = {
         "completed": len(rows),
         "failed": failed,
-        "duration": duration,
-        "duration_s": duration,
+        "duration": duration,  # seconds, as vLLM's
         "total_input_tokens": prompt_tokens,
         "total_output_tokens": output_tokens,
         "request_throughput": per_second(len(rows), duration),

@@ -42,9 +42,9 @@ from sim.steady import KEYS as STEADY_KEYS
 from sim.steady import steadiness
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("sangam", "sim", "profiles")  # what a point's numbers depend on
+SOURCES = ("sangam", "runs", "sim", "profiles")  # what a point's numbers (and its summary's keys) depend on
 FIRST_COLUMNS = ("model", "trace", "layout", "budget", "theta", "qps", "seed")  # the grid, then the rest
-HIDDEN = ("mode", "pages", "qps")  # mode is `layout`, pages is `kv_pages`; qps is listed first
+HIDDEN = ("qps", "sim_control_ms")  # qps is listed first; the summary's `control_ms` is the control delay
 NOT_METRICS = ("config", "kv_link", "cost_model", "sim_wall_s", "build")  # wall time differs run to run
 
 

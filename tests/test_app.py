@@ -164,6 +164,19 @@ def test_a_live_results_directory_by_path(tmp_path: Path) -> None:
     assert "forwards per block drawn by the progress model" in at.markdown[0].value
 
 
+def test_a_cpu_run_of_a_tiny_model_is_not_compared_with_a_gpus_simulation(tmp_path: Path) -> None:
+    """The issue's case: a CPU tiny-model live run got a +62% against llada-8b on an H100."""
+    from test_app_logic import as_live
+
+    folder = as_live(sim_results_dir(tmp_path), devices=["cpu"], live_model="tiny-llada")
+    at = live_page()
+    at.text_input(key="live_dir").set_value(str(folder))
+    at.button[0].click().run()
+    assert not at.exception and len(at.error) == 1
+    assert "served tiny-llada on 1 CPU worker" in at.error[0].value and "no twin" in at.error[0].value
+    assert len(at.metric) == 0 and charts(at) == 0  # no percentage of an unlike comparison
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [

@@ -320,6 +320,42 @@ def test_the_simulated_twin_of_a_run_reproduces_it(
     assert table["sim_vs_live_pct"].abs().max() == pytest.approx(0.0, abs=1e-9)
 
 
+def as_live(folder: Path, **config: Any) -> Path:
+    """A simulated run's results made to read as a live run's: its summary without the simulator's own
+    keys, and `config` (devices, live_model, gpu, ...) in its config."""
+    summary = json.loads((folder / "summary.json").read_text())
+    for key in ("testbed", "kv_link", "control_ms", "cost_model", "sim_iterations", "sim_wall_s"):
+        summary.pop(key, None)
+    summary["config"].update(config)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_run_is_simulated_on_its_own_model_device_and_testbed(tmp_path: Path) -> None:
+    from app.live_data import twin_notes
+
+    folder = sim_results_dir(tmp_path / "ref", extra=("--testbed", "reference-h100"))
+    run = load_directory(folder)
+    spec = twin_spec(run)
+    assert spec.testbed == "reference-h100"  # a simulated run's own testbed, so it is reproduced exactly
+    table = comparison_frame(run.summary, run_point(spec).summary)
+    assert table["sim_vs_live_pct"].abs().max() == pytest.approx(0.0, abs=1e-9)
+    gpu = as_live(sim_results_dir(tmp_path / "gpu"), devices=["cuda:0", "cuda:0"], live_model="llada-8b",
+                  gpu="h200")  # fmt: skip
+    spec = twin_spec(load_directory(gpu))
+    assert (spec.testbed, spec.cfg.gpu) == ("sangam-h200", "h200")  # our executor on its GPU
+    assert "2 workers shared 1 GPU" in twin_notes(load_directory(gpu).summary)[0]
+    cpu = as_live(sim_results_dir(tmp_path / "cpu"), devices=["cpu"] * 8, live_model="tiny-llada")
+    with pytest.raises(InputError, match=r"served tiny-llada on 8 CPU workers: .* no twin of this run"):
+        twin_spec(load_directory(cpu))
+    tiny = as_live(sim_results_dir(tmp_path / "tiny"), devices=["cuda:0"], live_model="tiny-llada")
+    with pytest.raises(InputError, match=r"served tiny-llada, not llada-8b: .* no twin of this run"):
+        twin_spec(load_directory(tiny))
+    other = as_live(sim_results_dir(tmp_path / "a100"), devices=["cuda:0"], live_model="llada-8b", gpu="a100")
+    with pytest.raises(InputError, match=r"no shipped testbed models this run \(sangam-a100; known: "):
+        twin_spec(load_directory(other))
+
+
 def test_a_request_that_stopped_early_keeps_its_blocks(tmp_path: Path) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     files = {name: (folder / name).read_bytes() for name in ("summary.json", "requests.csv", "blocks.csv")}
@@ -372,7 +408,7 @@ def test_forwards_that_no_block_can_take_name_blocks_csv(tmp_path: Path, forward
 def test_a_live_config_with_unknown_values_is_refused(tmp_path: Path) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     summary = json.loads((folder / "summary.json").read_text())
-    summary["config"]["mode"] = "9P9Q"
+    summary["config"]["layout"] = "9P9Q"
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match="not a sangam config: bad mode"):
         twin_spec(load_directory(folder))

@@ -16,7 +16,8 @@ import pytest
 from calib.fit import dispersion, spread
 from calib.points import PointKey, PointRunner, metric
 from cli.main import main
-from profiles.testbeds import load_testbed
+from profiles.store import DATA
+from profiles.testbeds import TESTBEDS, load_testbed
 from sangam.cost import IterationKind, TimeScales
 from sangam.progress import parse_progress
 
@@ -38,13 +39,16 @@ def write_targets(path: Path, progress: str = TRUTH, scales: TimeScales | None =
 
 
 def test_fit_recovers_the_mean_of_the_model_that_made_the_curves(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    targets, out = tmp_path / "targets.csv", tmp_path / "fitted.json"
+    targets, out = tmp_path / "targets.csv", tmp_path / "sangam-h100-fit.json"
     write_targets(targets)
-    args = ["fit", "--targets", str(targets), "-n", str(REQUESTS), "--seed", str(SEED), "--out", str(out)]
-    assert main([*args, "--name", "other"]) == 2
+    args = ["fit", "--targets", str(targets), "-n", str(REQUESTS), "--seed", str(SEED)]
+    assert main([*args, "--out", str(tmp_path / "fitted.json"), "--name", "other"]) == 2
+    shipped = shipped_files()
+    monkeypatch.chdir(tmp_path)  # no --out: the working directory, the file named after the testbed
     assert main(args) == 0
+    assert shipped_files() == shipped
     printed = capsys.readouterr().out
     assert "llada-8b sharegpt: forwards per block mean" in printed and "held out" in printed
     assert printed.count("mean_e2el_s") == len(POINTS)  # a residual row per point
@@ -145,6 +149,96 @@ def test_a_models_traces_share_its_time_scales_and_are_fitted_together(
     assert [len(f.pairs) for f in apart] == [1, 1] and all(f.scales == TimeScales() for f in apart)
 
 
+def shipped_files() -> dict[str, bytes]:
+    """Every file of the installed package's data, by path: what no command may change."""
+    return {str(p.relative_to(DATA)): p.read_bytes() for p in sorted(DATA.rglob("*")) if p.is_file()}
+
+
+def test_fit_never_replaces_a_shipped_testbed_nor_writes_into_the_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets = Path(__file__).parent.parent / "calib" / "data" / "figure8-targets.csv"
+    args = ["fit", "--targets", str(targets), "--testbed", "reference-h100", "-n", "10"]
+    shipped = shipped_files()
+    refused = {
+        ("--name", "paper-h100"): "paper-h100 is a shipped testbed, which no command replaces",
+        ("--out", str(TESTBEDS / "paper-h100.json")): "paper-h100 is a shipped testbed",
+        ("--out", str(TESTBEDS / "mine.json")): "inside the installed package",
+        ("--out", str(TESTBEDS)): "inside the installed package",
+        ("--out", str(TESTBEDS.parent.parent / "calib"), "--name", "mine"): "inside the installed package",
+        ("--out", str(tmp_path / "mine.txt")): "a directory or a testbed file ending in .json",
+    }
+    for extra, error in refused.items():
+        assert main([*args, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert error in err and err.count("\n") == 1, (extra, err)
+    assert shipped_files() == shipped
+
+
+def test_testbed_takes_a_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--testbed` names a shipped testbed or a JSON file, in every command that takes it."""
+    from cli.main import build_parser
+
+    mine = tmp_path / "beds" / "mine-h100.json"
+    mine.parent.mkdir()
+    mine.write_text((TESTBEDS / "reference-h100.json").read_text().replace('"reference-h100"', '"mine-h100"'))
+    out = tmp_path / "sim"
+    assert main(["sim", "--mode", "1C", "-n", "5", "--testbed", str(mine), "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["testbed"] == "mine-h100"
+    assert main(["sim", "--mode", "1C", "-n", "5", "--testbed", str(tmp_path / "none.json")]) == 2
+    assert f"no testbed file {tmp_path / 'none.json'}" in capsys.readouterr().err
+    for command in ("sim", "sweep", "search", "validate", "fit", "reproduce"):  # each says so in its help
+        parser = build_parser()
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        assert "or a JSON file" in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_every_fitted_shipped_testbed_is_its_recorded_fit() -> None:
+    """Refit each shipped testbed that `sangam fit` made from its recorded inputs (targets, base testbed
+    and version, free parameters, time scales, requests, seed): the same testbed comes out, apart from
+    its name, version and description. A changed base, profile or simulator is caught here."""
+    from calib.fit import fit_targets, fitted_testbed
+    from calib.targets import read_targets
+    from profiles.testbed import testbed_dict
+    from profiles.testbeds import known_testbeds
+
+    fitted = [t for t in map(load_testbed, known_testbeds()) if t.fit is not None]
+    assert fitted, "no shipped testbed records a fit"
+    for shipped in fitted:
+        record = shipped.fit
+        assert record is not None and "targets" in record, f"{shipped.name}: only target fits are checked"
+        base_name, _, version = str(record["base"]).rpartition(" v")
+        base = load_testbed(base_name)
+        assert base.version == int(version), (
+            f"{shipped.name} was fitted on {record['base']}, now version {base.version}: refit and re-ship it"
+        )
+        targets = Path(__file__).parent.parent / "calib" / "data" / str(record["targets"])
+        scaled = record.get("time_scales", {}).values()
+        kinds = [IterationKind(k) for k in dict.fromkeys(k for scales in scaled for k in scales)]
+        fits = fit_targets(
+            base, read_targets(targets), record["free"], record["num_requests"], record["seed"], kinds
+        )
+        refit = fitted_testbed(base, shipped.name, fits, targets, record["free"], record["num_requests"],
+                               record["seed"])  # fmt: skip
+        got, want = (
+            {k: v for k, v in testbed_dict(t).items() if k not in ("name", "version", "description")}
+            for t in (refit, shipped)
+        )
+        assert rounded(got) == rounded(want), shipped.name
+
+
+def rounded(value: Any) -> Any:
+    """`value` with every float to 5 significant digits (the last digits of a simulated mean may differ)."""
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
 def test_spread_and_dispersion_are_inverses() -> None:
     for mean, std in ((10.0, 5.0), (3.0, 2.0), (25.0, 4.0)):
         assert spread(mean, dispersion(mean, std)) == pytest.approx(std)
@@ -203,7 +297,7 @@ def test_paper_h100_is_reference_h100_fitted_to_the_shipped_figure_8_targets() -
 
     paper, base = load_testbed("paper-h100"), load_testbed("reference-h100")
     targets = Path(__file__).parent.parent / "calib" / "data" / "figure8-targets.csv"
-    assert paper.fit is not None and paper.fit["base"] == "reference-h100 v1"
+    assert paper.fit is not None and paper.fit["base"] == f"reference-h100 v{base.version}"
     assert paper.fit["targets_sha256"] == hashlib.sha256(targets.read_bytes()).hexdigest()
     assert all(t.quote.startswith("Section 6.2:") for t in read_targets(targets))
     for pair in (("llada-8b", "sharegpt"), ("llada-8b", "arxiv")):

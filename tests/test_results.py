@@ -54,13 +54,13 @@ def test_summary_has_vllm_style_keys_and_correct_percentiles(tmp_path: Path) -> 
     assert summary["total_output_tokens"] == sum(r["output_len"] for r in rows)
     tokens = summary["total_input_tokens"] + summary["total_output_tokens"]
     assert summary["total_token_throughput"] == pytest.approx(tokens / duration)
-    write_results(tmp_path, reqs, {"config": {"mode": "1C"}, **summary})
+    write_results(tmp_path, reqs, {"config": {"layout": "1C"}, **summary})
     with (tmp_path / "requests.csv").open() as f:
         table = list(csv.DictReader(f))
     assert list(table[0]) == list(REQUEST_COLUMNS) and len(table) == 5
     with (tmp_path / "blocks.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 5
-    assert json.loads((tmp_path / "summary.json").read_text())["config"]["mode"] == "1C"
+    assert json.loads((tmp_path / "summary.json").read_text())["config"]["layout"] == "1C"
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -68,3 +68,35 @@ def test_percentile_matches_linear_interpolation() -> None:
     assert percentile(values, 50) == 2.5
     assert percentile(values, 99) == pytest.approx(3.97)
     assert percentile([5.0], 99) == 5.0
+
+
+# The same fact under two names, as summary.json and sweep.csv held them before (issue 31 item 6).
+ALIASES = {"duration_s": "duration", "mode": "layout", "pages": "kv_pages", "requests_failed": "failed",
+           "sim_control_ms": "control_ms"}  # fmt: skip
+
+
+def test_summary_json_names_each_fact_once(tmp_path: Path) -> None:
+    from cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["sim", "--mode", "colocated", "--gpus", "2", "-n", "20", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    keys = set(summary) | set(summary["config"])
+    assert not keys & set(ALIASES), keys & set(ALIASES)
+    assert {"duration", "failed", "control_ms"} <= set(summary)
+    assert summary["config"]["layout"] == "2C" and summary["config"]["kv_pages"] > 0
+
+
+def test_a_resolved_config_reads_back_as_written_before_and_after_one_name_per_fact() -> None:
+    from calib.validate import live_pages
+    from runs.config import RunConfig
+
+    cfg = RunConfig(mode="colocated", gpus=2, qps=3.0, num_requests=20)
+    new = json.loads(json.dumps(cfg.resolved(), default=str))
+    old = {**new, "mode": "colocated", "pages": None}  # as files written before hold it
+    for written in (new, old):
+        back = RunConfig.from_resolved(written)
+        assert back.layout == cfg.layout and back.kv_pages == cfg.kv_pages and back.qps == 3.0
+    assert RunConfig.from_resolved(new, num_requests=5).num_requests == 5
+    assert live_pages(new) == cfg.kv_pages and live_pages(old) is None  # None: the pool was not given
+    assert live_pages({**old, "pages": 900}) == 900

@@ -206,7 +206,7 @@ def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Pa
     assert len(rows) == 2  # header and the drained request
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is False
-    assert (summary["workers_lost"], summary["requests_failed"]) == (0, 0)  # the run's recovery counts
+    assert (summary["workers_lost"], summary["failed"]) == (0, 0)  # the run's recovery counts
 
 
 def test_a_stop_string_ends_the_text_and_frees_the_worker(server: tuple[str, Path]) -> None:

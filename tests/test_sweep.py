@@ -179,3 +179,12 @@ def test_a_point_that_does_not_keep_up_is_flagged(tmp_path: Path, capsys: pytest
     printed = capsys.readouterr().out
     assert re.search(r"1C +20 +\S+ +\S+ +\S+ +NO \*", printed), printed
     assert "* 1 of 2 points did not reach a steady state" in printed
+
+
+def test_the_table_names_each_fact_once(first: Path) -> None:
+    from test_results import ALIASES
+
+    header = next(csv.reader((first / "sweep.csv").open()))
+    assert not set(header) & set(ALIASES), set(header) & set(ALIASES)
+    assert len(header) == len(set(header))
+    assert {"duration", "failed", "control_ms", "kv_pages", "layout"} <= set(header)

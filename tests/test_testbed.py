@@ -68,9 +68,9 @@ def test_the_default_run_is_the_sangam_h100_testbeds_and_flags_override_a_testbe
     assert plain["testbed"] == named["testbed"] == "sangam-h100"
     assert plain["mean_e2el_ms"] == named["mean_e2el_ms"] and plain["config"] == named["config"]
     h200 = run_summary(tmp_path, "h200", "--gpu", "h200")
-    assert h200["testbed"] == "sangam-h200" and h200["config"]["pages"] == 13167  # type: ignore[index]
+    assert h200["testbed"] == "sangam-h200" and h200["config"]["kv_pages"] == 13167  # type: ignore[index]
     over = run_summary(tmp_path, "over", "--testbed", "sangam-h200", "--control-ms", "0", "--pages", "9000")
-    assert over["control_ms"] == 0 and over["config"]["pages"] == 9000  # type: ignore[index]
+    assert over["control_ms"] == 0 and over["config"]["kv_pages"] == 9000  # type: ignore[index]
     assert over["mean_e2el_ms"] != h200["mean_e2el_ms"]
 
 

@@ -28,7 +28,7 @@ def revalidate(report: str, live: str, out: Path) -> tuple[list[dict[str, Any]],
     shipped = json.loads((RESULTS / report).read_text())
     cfg, link = shipped[0]["live"]["config"], shipped[0]["sim"]["kv_link"]["source"]
     args = [
-        "validate", "--mode", cfg["mode"], "--model", cfg["model"], "--gpu", cfg["gpu"],
+        "validate", "--mode", cfg["layout"], "--model", cfg["model"], "--gpu", cfg["gpu"],
         "--gpus", str(len(set(cfg["devices"]))), "--num-requests", str(cfg["num_requests"]),
         "--seed", str(cfg["seed"]), "--qps", *(f"{p['qps']:g}" for p in shipped),
         "--live-results", str(RESULTS / live), "--out", str(out), "--report", str(out / report),
@@ -89,3 +89,25 @@ def test_live_runs_of_other_arguments_are_refused(
     assert main([*args, *change, "--qps", "1", "--live-results", str(live), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"the live run has {needle}" in err and err.count("\n") == 1
+
+
+def test_the_report_table_is_readable_at_80_columns() -> None:
+    """Every compared metric of a disaggregated report at three loads, on an 80-column console: no line
+    wider, and every number whole."""
+    import io
+
+    from rich.console import Console
+
+    from calib.validate import print_report
+
+    shipped = json.loads((RESULTS / "validate-dream-7b-h200-1P1C-shared-gpu.json").read_text())
+    points = [{**shipped[0], "load": load, "qps": qps} for load, qps in (("low", 0.3), ("medium", 0.6),
+                                                                          ("near knee", 0.9))]  # fmt: skip
+    console = Console(width=80, file=io.StringIO(), record=True)
+    print_report(points, RESULTS / "report.json", console)
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80, "\n".join(lines)
+    words = set(" ".join(lines).split())
+    for key, error in points[0]["error_pct"].items():
+        live, sim = points[0]["live"][key] / 1000, points[0]["sim"][key] / 1000
+        assert {f"{live:.2f}", f"{sim:.2f}", f"({error:+.1f}%)"} <= words, key

@@ -92,6 +92,8 @@ def live_config(run: LiveRun) -> RunConfig:
     given = run.summary["config"]
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     values = {k: v for k, v in given.items() if k in fields}
+    if "model_spec" in given:  # a server's summary: `model` is what served, `model_spec` its shapes
+        values["model"] = given["model_spec"]
     try:
         values["policy"] = Policy(values.get("policy", Policy.DEFICIT.value))
         values["num_requests"] = len(run.requests)

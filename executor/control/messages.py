@@ -125,6 +125,7 @@ class WorkerState:
     outstanding: int = 0  # prefill tokens dispatched to it and not yet prefilled
     lost: bool = False  # declared lost (and fenced) until a new process registers for it
     pid: int = 0  # of the process that registered last
+    device: str = ""  # the device it registered (e.g. cpu, or cuda:0 (NVIDIA H200))
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,7 +271,8 @@ class SchedulerState:
             pages = info.registration.pages
             free = pages if info.free_pages is None else info.free_pages
             tally = (router.free[wid], router.outstanding[wid]) if router is not None else (0, 0)
-            workers.append(WorkerState(wid, info.role, pages, free, *tally, info.lost, info.registration.pid))
+            reg = info.registration
+            workers.append(WorkerState(wid, info.role, pages, free, *tally, info.lost, reg.pid, reg.device))
         return ClusterStatus(
             ready=self.complete and not self.failure,
             workers_expected=self.layout.num_workers,

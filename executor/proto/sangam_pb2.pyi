@@ -316,7 +316,17 @@ class StatusReply(_message.Message):
     ) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "role", "pages", "free_pages", "router_free", "outstanding", "lost", "pid")
+    __slots__ = (
+        "worker_id",
+        "role",
+        "pages",
+        "free_pages",
+        "router_free",
+        "outstanding",
+        "lost",
+        "pid",
+        "device",
+    )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +335,7 @@ class WorkerState(_message.Message):
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     role: str
     pages: int
@@ -333,6 +344,7 @@ class WorkerState(_message.Message):
     outstanding: int
     lost: bool
     pid: int
+    device: str
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -343,6 +355,7 @@ class WorkerState(_message.Message):
         outstanding: _Optional[int] = ...,
         lost: _Optional[bool] = ...,
         pid: _Optional[int] = ...,
+        device: _Optional[str] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):

@@ -356,7 +356,8 @@ class LocalCluster:
         return [child.proc.pid for child in self.children]
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind."""
+        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind. Half
+        of `timeout` (5 s at most) goes to the Shutdown, a quarter (3 s at most) to SIGTERM."""
         if self._stopped:
             return
         self._stopping = True
@@ -370,7 +371,7 @@ class LocalCluster:
                         self.client.shutdown()
                     _wait_all(self.children, min(timeout / 2, 5.0))
             finally:
-                for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+                for sig, grace in ((signal.SIGTERM, min(3.0, timeout / 4)), (signal.SIGKILL, 5.0)):
                     # Only unreaped children: their pids (and process groups) cannot have been reused.
                     alive = [c for c in self.children if c.proc.poll() is None]
                     for child in alive:

@@ -789,12 +789,17 @@ class RequireKey:
 
 
 def unhealthy(status: ClusterStatus) -> str | None:
-    """Why the cluster is not healthy (`/health` 503), or None: every worker registered and not lost."""
-    lost = [str(w.worker_id) for w in status.workers if w.lost]
+    """Why the cluster is not healthy (`/health` 503), or None: every worker registered and not lost. A
+    lost worker's reason is the scheduler's (e.g. how its process ended, and whether it was given up)."""
+    lost = [
+        f"worker {w.worker_id} lost" + (f": {w.lost_reason}" if w.lost_reason else "")
+        for w in status.workers
+        if w.lost
+    ]
     if status.failure:
         return status.failure
     if lost:
-        return f"worker{'s' if len(lost) > 1 else ''} {', '.join(lost)} lost"
+        return "; ".join(lost)
     if not status.ready or status.workers_registered < status.workers_expected:
         return f"{status.workers_registered} of {status.workers_expected} workers registered"
     return None

@@ -15,6 +15,7 @@ between requests for `--keep-alive-timeout`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import threading
@@ -28,6 +29,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from executor.control.client import SangamError
+from executor.control.messages import ClusterStatus
 from executor.run.launcher import LiveError, LocalCluster
 from executor.run.live import LivePlan, plural, ready_facts, write_served
 from executor.run.live_collect import Collector
@@ -206,6 +208,13 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     stopping = threading.Event()
     collected: Collector | None = None  # finished requests' records, fetched as the server runs (--out)
 
+    def failed(status: ClusterStatus | None) -> None:
+        """The scheduler's failure (its layout cannot serve and no worker comes back) is the server's:
+        every request gets 503 with it, and the exit status is 1."""
+        if status is not None and status.failure and not state.failure:
+            state.failure = status.failure
+            print(f"sangam serve: error: {status.failure}", file=sys.stderr, flush=True)
+
     def start_and_watch() -> None:
         nonlocal collected
         try:
@@ -232,6 +241,8 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 cluster.check()
                 if out is not None:
                     collected.poll()  # so that a lost scheduler loses no finished request's results
+                with contextlib.suppress(SangamError):  # a slow answer is no failure; a dead scheduler is
+                    failed(collected.status if out is not None else cluster.client.status())
         except (LiveError, ValueError, SangamError) as err:
             if not stopping.is_set():
                 state.failure = str(err)
@@ -248,6 +259,9 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
         stopping.set()
         if watcher.is_alive():
             watcher.join(timeout=WATCH_INTERVAL_S * 2)
+        if cluster.client is not None and not state.failure:
+            with contextlib.suppress(SangamError):  # the last word: a failure since the watch's last look
+                failed(cluster.client.status())
         try:
             if out is not None and collected is not None:
                 facts = {"server": "sangam serve", "served_model_name": list(settings.names)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -282,3 +283,40 @@ def test_a_stop_string_ends_the_text_and_frees_the_worker(server: tuple[str, Pat
     echoed = client.completions.create(model="tiny-llada", prompt="Once", max_tokens=32, seed=5, echo=True,
                                        extra_body=slow)  # fmt: skip
     assert echoed.choices[0].text == "Once" + text
+
+
+def test_a_worker_that_dies_at_every_start_is_given_up_with_the_reason_in_the_log_and_health(
+    tmp_path: Path,
+) -> None:
+    """--restart-workers --restart-limit 2: every process of the only worker is killed as soon as it
+    appears; after two restarts (1 s, then 2 s later) the launcher gives the worker up instead of looping,
+    says so in its log, and /health names the reason."""
+    port, logs = free_port(), tmp_path / "logs"
+    args = ["--workers", "1", "--port", str(port), "--log-dir", str(logs), "--mask-len", "64"]
+    args += ["--restart-workers", "--restart-limit", "2"]
+    log = tmp_path / "out.log"
+    process = start_serve(args, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", process, timeout=120)
+        scheduler_pid = json.loads((logs / "scheduler.json").read_text())["pid"]
+        killed: set[int] = set()
+        deadline = time.monotonic() + 90
+        while (
+            health := httpx.get(url + "/health", timeout=10)
+        ).status_code != 503 or "gave up" not in health.text:
+            assert time.monotonic() < deadline, f"not given up: {health.text}; killed {len(killed)}"
+            for pid in descendants(process.pid) - {scheduler_pid} - killed:
+                os.kill(pid, signal.SIGKILL)  # the worker's process, at whatever point of its start
+                killed.add(pid)
+            time.sleep(0.05)
+        reason = health.json()["reason"]
+        assert "gave up restarting it after 2 restarts in a row" in reason and "SIGKILL" in reason, reason
+        assert len(killed) == 3  # the first process and its two restarts, and no third
+        assert descendants(process.pid) == {scheduler_pid}
+        text = log.read_text()
+        assert text.count("restarting it in") == 2 and "restarting it in 2 s" in text, text
+        assert "gave up restarting it" in text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 1  # the cluster failed: no worker left to serve

@@ -270,14 +270,16 @@ class SchedulerCore:
         return None
 
     def worker_exited(self, msg: pb.WorkerExit) -> None:
-        """The launcher saw a worker process exit: that process's worker is lost (a later one stays)."""
+        """The launcher saw a worker process exit: that process's worker is lost (a later one stays). A
+        final exit (the launcher gave the worker up) counts for a lost worker whatever its pid: a process
+        that died at start never registered."""
         exit = codec.from_pb(msg, WorkerExit)
         with self._links_lock:
             info = self.state.workers.get(exit.worker_id)
-            if info is None or info.registration.pid != exit.pid:
+            if info is None or (info.registration.pid != exit.pid and not (exit.final and info.lost)):
                 return
             incarnation = info.incarnation
-        self.worker_lost(exit.worker_id, incarnation, f"its process {exit.reason}")
+        self.worker_lost(exit.worker_id, incarnation, f"its process {exit.reason}", exit.final)
 
     def stream(self, rid: int, active: Callable[[], bool]) -> Iterator[RequestState]:
         tracked = self.state.tracked.get(rid)
@@ -362,14 +364,14 @@ class SchedulerCore:
         done.wait(rpc.CALL_TIMEOUT_S / 2)
         return self.state.poll(rid)
 
-    def worker_lost(self, worker: int, incarnation: int, reason: str) -> None:
-        """Process `incarnation` of `worker` is gone (from any thread)."""
-        self._post(self._lose, worker, incarnation, reason)
+    def worker_lost(self, worker: int, incarnation: int, reason: str, final: bool = False) -> None:
+        """Process `incarnation` of `worker` is gone (from any thread); `final`: no new one will follow."""
+        self._post(self._lose, worker, incarnation, reason, final)
 
     # ---- core thread -----------------------------------------------------------------------------------
 
-    def _lose(self, worker: int, incarnation: int | None, reason: str) -> None:
-        self.state.on_worker_lost(worker, reason, incarnation)
+    def _lose(self, worker: int, incarnation: int | None, reason: str, final: bool = False) -> None:
+        self.state.on_worker_lost(worker, reason, incarnation, final)
         self._stop_lost_links()
         if self.state.failure:
             self.on_failure()

@@ -326,6 +326,7 @@ class WorkerState(_message.Message):
         "lost",
         "pid",
         "device",
+        "lost_reason",
     )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +337,7 @@ class WorkerState(_message.Message):
     LOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LOST_REASON_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     role: str
     pages: int
@@ -345,6 +347,7 @@ class WorkerState(_message.Message):
     lost: bool
     pid: int
     device: str
+    lost_reason: str
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -356,6 +359,7 @@ class WorkerState(_message.Message):
         lost: _Optional[bool] = ...,
         pid: _Optional[int] = ...,
         device: _Optional[str] = ...,
+        lost_reason: _Optional[str] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):
@@ -520,15 +524,21 @@ class RegisterReply(_message.Message):
     ) -> None: ...
 
 class WorkerExit(_message.Message):
-    __slots__ = ("worker_id", "pid", "reason")
+    __slots__ = ("worker_id", "pid", "reason", "final")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     pid: int
     reason: str
+    final: bool
     def __init__(
-        self, worker_id: _Optional[int] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ...
+        self,
+        worker_id: _Optional[int] = ...,
+        pid: _Optional[int] = ...,
+        reason: _Optional[str] = ...,
+        final: _Optional[bool] = ...,
     ) -> None: ...
 
 class BlockWork(_message.Message):

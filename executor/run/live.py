@@ -204,6 +204,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         api_key=args.api_key,
         stop_at_eos=not random_weights,
         restart_workers=args.restart_workers,
+        restart_limit=args.restart_limit,
         worker_timeout=args.worker_timeout,
     )
     unmask = args.unmask or ("schedule" if random_weights else "threshold")

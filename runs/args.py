@@ -27,6 +27,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(_number(text, int, "an integer >= 0"))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = _number(text, float, "a number >= 0")
     if not 0 <= value < math.inf:

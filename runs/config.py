@@ -156,6 +156,8 @@ class RunConfig:
         given = {k: v for k, v in values.items() if k in fields}
         if "layout" in values:
             given["mode"] = values["layout"]
+        if "model_spec" in values:  # a server's summary: `model` is what served, `model_spec` its shapes
+            given["model"] = values["model_spec"]
         if given.get("pages") is None and isinstance(values.get("kv_pages"), int):
             given["pages"] = values["kv_pages"]
         if isinstance(given.get("policy"), str):

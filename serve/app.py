@@ -41,7 +41,7 @@ from executor.control.client import SangamError
 from executor.control.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
 from sangam.hardware import BLOCK, pages_for
 from serve import protocol as api
-from serve.backend import Backend, Limits, ServingState
+from serve.backend import Backend, Limits, ServingState, ShutDown
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.tokenizer import Message, TextTokenizer
 
@@ -451,6 +451,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                     if update.status == "ERROR":
                         reason = "error"
                         raise APIError(500, f"the request failed: {update.error}")
+            except ShutDown as err:  # the drain's deadline: the cluster stops next
+                raise APIError(503, str(err)) from None
             except SangamError as err:
                 reason = "error"
                 raise APIError(503, f"the scheduler stopped answering: {err}") from None
@@ -463,7 +465,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         if state.requests.pop(job.request_id, None) is None:
             return
         if last is None or last.status not in ("DONE", "ERROR"):
-            later(backend.cancel(job.request_id))
+            later(backend.cancel, job.request_id)
         metrics.finished(
             last, time.monotonic() - job.started, reason, job.prompt_tokens, output.completion_tokens
         )
@@ -517,12 +519,13 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             headers=job.headers,
         )
 
-    def later(coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` to its end even if the task that started it is being cancelled."""
+    def later(call: Callable[[int], Coroutine[Any, Any, None]], request_id: int) -> None:
+        """Run `call(request_id)` to its end even if the task that started it is being cancelled (made
+        in its own task: a task the loop's end cancels before it ran leaves no coroutine unawaited)."""
 
         async def quietly() -> None:
             with contextlib.suppress(SangamError):  # the scheduler is gone: so is the request
-                await coro
+                await call(request_id)
 
         task = asyncio.get_running_loop().create_task(quietly())
         background.add(task)
@@ -786,12 +789,17 @@ class RequireKey:
 
 
 def unhealthy(status: ClusterStatus) -> str | None:
-    """Why the cluster is not healthy (`/health` 503), or None: every worker registered and not lost."""
-    lost = [str(w.worker_id) for w in status.workers if w.lost]
+    """Why the cluster is not healthy (`/health` 503), or None: every worker registered and not lost. A
+    lost worker's reason is the scheduler's (e.g. how its process ended, and whether it was given up)."""
+    lost = [
+        f"worker {w.worker_id} lost" + (f": {w.lost_reason}" if w.lost_reason else "")
+        for w in status.workers
+        if w.lost
+    ]
     if status.failure:
         return status.failure
     if lost:
-        return f"worker{'s' if len(lost) > 1 else ''} {', '.join(lost)} lost"
+        return "; ".join(lost)
     if not status.ready or status.workers_registered < status.workers_expected:
         return f"{status.workers_registered} of {status.workers_expected} workers registered"
     return None

@@ -22,6 +22,10 @@ from executor.control.messages import ClusterStatus, RequestState, Submission
 UNCLAIMED_S = 60.0  # how long a finished request's last state waits for a stream to follow it
 
 
+class ShutDown(SangamError):
+    """The server stopped following its requests: the drain's deadline came before they finished."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What a request is validated against before it reaches the scheduler."""
@@ -92,7 +96,8 @@ class ClusterBackend:
     latest state of each request is kept until its stream has read it to the end; a finished one that
     no stream follows within `UNCLAIMED_S` is dropped (refused at Submit, or given up before it was
     followed). A Watch stream that ends once it was up means the scheduler is gone: every stream and
-    every later Submit then raises `SangamError`."""
+    every later Submit then raises `SangamError`. `cut` ends every stream, now and later, with `ShutDown`
+    (the drain's deadline)."""
 
     def __init__(self, api_key: str | None = None) -> None:
         self.address = ""
@@ -105,6 +110,7 @@ class ClusterBackend:
         self._watch: asyncio.Task[None] | None = None
         self._registered: asyncio.Future[None] | None = None  # done once the scheduler follows the Watch
         self._lost: SangamError | None = None  # why the Watch stream ended after it was up
+        self._cut: ShutDown | None = None  # why the server stopped following its requests
 
     def _connected(self) -> AsyncSangamClient:
         if self._client is None:
@@ -123,6 +129,8 @@ class ClusterBackend:
         last: RequestState | None = None
         try:
             while True:
+                if self._cut is not None:
+                    raise self._cut
                 state = self._latest.get(request_id)
                 if state is not None and state is not last:
                     last = state
@@ -140,6 +148,13 @@ class ClusterBackend:
 
     async def cancel(self, request_id: int) -> None:
         await self._connected().cancel(request_id)
+
+    def cut(self, reason: str) -> None:
+        """End every request's stream with `ShutDown(reason)`, and every later one at once (in the
+        event loop's thread)."""
+        self._cut = ShutDown(reason)
+        for woken in self._woken.values():
+            woken.set()
 
     async def status(self) -> ClusterStatus:
         return await self._connected().status()

@@ -25,7 +25,9 @@ class ServeOptions:
         256, "requests queued at the scheduler beyond which new ones get 429", parse=positive_int
     )
     drain_timeout: float = option(
-        30.0, "on SIGTERM, seconds running requests may take to finish", parse=positive_float
+        30.0,
+        "on SIGTERM, seconds the drain may take: running requests finish or are cut, then the processes stop",
+        parse=positive_float,
     )
     served_model_name: tuple[str, ...] = option(
         (), "the names a request's model may give (vLLM's flag; several allowed; the first is reported)",

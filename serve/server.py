@@ -3,9 +3,9 @@ cluster of `sangam live` (scheduler and worker processes, `executor.run.launcher
 
 The HTTP port answers from the first moment: 503 until every worker has registered. A process that dies
 turns every later request (and `/health`) into 503. SIGTERM or Ctrl-C drains: new requests get 503,
-running ones may finish for up to `--drain-timeout` seconds, then the results go to `--out` (if set),
-every process is stopped and the command exits 0 (1 if the cluster had failed). A second signal stops at
-once.
+running ones may finish, then the results go to `--out` (if set), every process is stopped and the
+command exits 0 (1 if the cluster had failed), all within `--drain-timeout` seconds (`DrainingServer`
+cuts what still runs in time for the stop). A second signal stops at once.
 
 No connection stays open on a client's whim: its headers must arrive within `--header-timeout`, its body
 within `--body-timeout` after them (else 408 and the connection closes: `TimedHttp`), and it may idle
@@ -15,6 +15,7 @@ between requests for `--keep-alive-timeout`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import threading
@@ -28,6 +29,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from executor.control.client import SangamError
+from executor.control.messages import ClusterStatus
 from executor.run.launcher import LiveError, LocalCluster
 from executor.run.live import LivePlan, plural, ready_facts, write_served
 from executor.run.live_collect import Collector
@@ -38,11 +40,20 @@ from serve.options import ServeOptions
 from serve.tokenizer import eos_mismatch, load_tokenizer
 
 WATCH_INTERVAL_S = 0.5
-GRACEFUL_S = 2.0  # after the drain: how long uvicorn waits for connections before it closes them
+GRACEFUL_S = 1.0  # after the drain: how long uvicorn waits for connections before it closes them
+STOP_RESERVE_S = 1.5  # of --drain-timeout (at most half), kept for stopping the processes
+CUT_GRACE_S = 0.5  # after the drain's cut: how long the cut requests' answers may take to go out
+STOP_S = 10.0  # how long stopping the processes may take after an end without a drain (a failure)
+MIN_STOP_S = 0.5  # and after a drain, at least
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn that drains on its first SIGTERM or SIGINT instead of closing the socket at once."""
+    """uvicorn that drains on its first SIGTERM or SIGINT instead of closing the socket at once.
+
+    The drain's time, `drain_timeout`, covers all of it: the requests still running when what is left of
+    it is the time kept for stopping the processes (`STOP_RESERVE_S`, at most half) are cut (`on_cut`:
+    each answers 503, or a stream its error event and `[DONE]`), so that uvicorn finds no request to
+    wait for and the processes stop in the time kept."""
 
     def __init__(
         self,
@@ -50,12 +61,16 @@ class DrainingServer(uvicorn.Server):
         state: ServingState,
         drain_timeout: float,
         on_started: Callable[[], None],
+        on_cut: Callable[[str], None],
     ) -> None:
         super().__init__(config)
         self.state = state
         self.drain_timeout = drain_timeout
-        self.drain_deadline: float | None = None
+        self.drain_end: float | None = None  # when the drain must be over (the processes stopped)
+        self.drain_deadline: float | None = None  # the requests' deadline (the cut), once draining
+        self.cut_at: float | None = None  # when they were cut
         self.on_started = on_started
+        self.on_cut = on_cut
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -64,15 +79,30 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_deadline is None:
             self.state.draining = True
-            self.drain_deadline = time.monotonic() + self.drain_timeout
+            self.drain_end = time.monotonic() + self.drain_timeout
+            self.drain_deadline = self.drain_end - min(STOP_RESERVE_S, self.drain_timeout / 2)
         else:
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
-        deadline = self.drain_deadline
-        if deadline is not None and (self.state.in_flight == 0 or time.monotonic() >= deadline):
-            self.should_exit = True
+        deadline, now = self.drain_deadline, time.monotonic()
+        if deadline is not None:
+            if self.state.in_flight == 0:
+                self.should_exit = True
+            elif self.cut_at is None and now >= deadline:
+                self.cut_at = now
+                limit = f"--drain-timeout {self.drain_timeout:g}"
+                self.on_cut(f"the server shut down before the request finished ({limit})")
+            elif self.cut_at is not None and now >= self.cut_at + CUT_GRACE_S:
+                self.should_exit = True
         return await super().on_tick(counter)
+
+    def stop_timeout(self) -> float:
+        """How long stopping the processes may take: what is left of the drain (`MIN_STOP_S` at least),
+        or `STOP_S` when the server ended without one."""
+        if self.drain_end is None:
+            return STOP_S
+        return max(MIN_STOP_S, self.drain_end - time.monotonic())
 
 
 class TimedHttp(HttpToolsProtocol):
@@ -178,6 +208,13 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     stopping = threading.Event()
     collected: Collector | None = None  # finished requests' records, fetched as the server runs (--out)
 
+    def failed(status: ClusterStatus | None) -> None:
+        """The scheduler's failure (its layout cannot serve and no worker comes back) is the server's:
+        every request gets 503 with it, and the exit status is 1."""
+        if status is not None and status.failure and not state.failure:
+            state.failure = status.failure
+            print(f"sangam serve: error: {status.failure}", file=sys.stderr, flush=True)
+
     def start_and_watch() -> None:
         nonlocal collected
         try:
@@ -204,6 +241,8 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 cluster.check()
                 if out is not None:
                     collected.poll()  # so that a lost scheduler loses no finished request's results
+                with contextlib.suppress(SangamError):  # a slow answer is no failure; a dead scheduler is
+                    failed(collected.status if out is not None else cluster.client.status())
         except (LiveError, ValueError, SangamError) as err:
             if not stopping.is_set():
                 state.failure = str(err)
@@ -211,18 +250,24 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
                 server.should_exit = True
 
     watcher = threading.Thread(target=start_and_watch, name="cluster", daemon=True)
-    server = DrainingServer(config, state, options.drain_timeout, on_started=watcher.start)
+    server = DrainingServer(
+        config, state, options.drain_timeout, on_started=watcher.start, on_cut=backend.cut
+    )
     try:
         server.run(sockets=[sock])
     finally:
         stopping.set()
         if watcher.is_alive():
             watcher.join(timeout=WATCH_INTERVAL_S * 2)
+        if cluster.client is not None and not state.failure:
+            with contextlib.suppress(SangamError):  # the last word: a failure since the watch's last look
+                failed(cluster.client.status())
         try:
             if out is not None and collected is not None:
-                write_results(plan, collected, out, state)
+                facts = {"server": "sangam serve", "served_model_name": list(settings.names)}
+                write_results(plan, collected, out, state, {**facts, "tokenizer": tokenizer.name})
         finally:
-            cluster.stop()
+            cluster.stop(server.stop_timeout())
             if not state.failure:
                 cluster.remove_logs()
             sock.close()
@@ -230,16 +275,19 @@ def run_server(plan: LivePlan, live: LiveOptions, options: ServeOptions, out: Pa
     return 1 if state.failure else 0
 
 
-def write_results(plan: LivePlan, collected: Collector, out: Path, state: ServingState) -> None:
+def write_results(
+    plan: LivePlan, collected: Collector, out: Path, state: ServingState, server: dict[str, Any]
+) -> None:
     """`--out`: every finished request, fetched last now if the scheduler still answers; marked partial
-    when the cluster failed or the last fetch did."""
+    when the cluster failed or the last fetch did. The summary's config is what served, with `server`'s
+    facts."""
     cause = state.failure or None
     try:
         collected.fetch()
     except SangamError as err:
         cause = cause or f"the scheduler stopped answering: {err}"
     try:
-        count = write_served(plan, collected, out, cause)
+        count = write_served(plan, collected, out, cause, server)
     except OSError as err:
         state.failure = f"cannot write the results to {out}: {err}"
         print(f"sangam serve: error: {state.failure}", file=sys.stderr)

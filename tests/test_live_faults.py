@@ -53,7 +53,7 @@ class Run:
         status = self.status_when(lambda s: s.ready)
         return int(status.workers[worker].pid)  # type: ignore[attr-defined]
 
-    def finish(self, timeout: float = 240.0) -> tuple[int, str]:  # a refused receive can hold its sender 30 s
+    def finish(self, timeout: float = 240.0) -> tuple[int, str]:
         code = self.proc.wait(timeout=timeout)
         return code, self.proc.stderr.read() if self.proc.stderr else ""
 

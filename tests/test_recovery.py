@@ -16,6 +16,7 @@ from sangam.budget import Policy
 from sangam.faults import Failure, parse_failures
 from sangam.layout import Kind, Role, parse_mode
 from sangam.request import Request
+from sangam.restarts import RestartPolicy, Restarts
 from sangam.router import Dispatch, Drop, Fail, Router, Transfer
 from sim.cluster import LinkSpec
 
@@ -386,3 +387,15 @@ def test_fastdllm_a_holder_s_next_block_does_not_wait_behind_an_older_request_wi
     assert r.on_iteration(1.2, da.worker, Outcome((a,), (), (a,))) == [Dispatch(a, da.worker)]
     a.end_block(1.5)
     assert r.on_iteration(1.5, da.worker, Outcome((a,), (), (a,))) == [Dispatch(b, da.worker)]
+
+
+def test_restarts_back_off_exponentially_and_give_up_after_the_limit() -> None:
+    restarts = Restarts(RestartPolicy(limit=4, first_s=1.0, factor=2.0, max_s=5.0, stable_s=60.0))
+    waits = [restarts.on_exit(1, uptime=100.0)] + [restarts.on_exit(1, uptime=0.5) for _ in range(4)]
+    assert waits == [1.0, 2.0, 4.0, 5.0, None]  # doubled, capped, then given up
+    assert "after 4 restarts in a row" in restarts.gave_up(1)
+    assert restarts.on_exit(0, uptime=0.5) == 1.0  # each worker has its own count
+    assert restarts.on_exit(1, uptime=60.0) == 1.0  # a process that stayed up starts the count again
+    assert Restarts(RestartPolicy(limit=0)).on_exit(0, uptime=100.0) is None  # --restart-limit 0: never
+    with pytest.raises(ValueError):
+        RestartPolicy(limit=-1)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,6 +209,53 @@ def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Pa
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is False
     assert (summary["workers_lost"], summary["failed"]) == (0, 0)  # the run's recovery counts
+    config = summary["config"]  # what served, and none of the simulator's workload defaults
+    assert (config["model"], config["model_spec"], config["weights"]) == ("tiny-llada", "llada-8b", "random")
+    assert (config["devices"], config["layout"], config["mask_len"]) == (["cpu"], "1C", 256)
+    assert config["server"] == "sangam serve" and config["served_model_name"] == ["tiny-llada"]
+    assert not {"gpu", "gpus", "qps", "num_requests", "trace", "arrival_cv"} & set(config)
+
+
+def test_a_drain_ends_within_its_timeout_and_cuts_what_still_runs(tmp_path: Path) -> None:
+    """Requests far longer than --drain-timeout: at its end each gets its answer (a stream its error event
+    and [DONE], a plain request a 503), and the server, its processes stopped, exits within the timeout
+    (plus a margin for the interpreter's start of the stop and its exit)."""
+    port = free_port()
+    drain = 3.0
+    args = ["--workers", "1", "--port", str(port), "--mask-len", "4032", "--drain-timeout", str(drain)]
+    log = tmp_path / "out.log"
+    process = start_serve(args, log)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", process, timeout=120)
+    children = descendants(process.pid)
+    body = {"prompt": "drain me", "max_tokens": 4032, "forwards_per_block": 32}  # 126 blocks: many seconds
+    plain: dict[str, httpx.Response] = {}
+    waiter = threading.Thread(
+        target=lambda: plain.update(r=httpx.post(url + "/v1/completions", json=body, timeout=120))
+    )
+    streamed = {**body, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=streamed, timeout=120) as response:
+        lines = (line for line in response.iter_lines() if line)
+        next(lines)  # the first block: the request runs
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while metric_values(url)[("sangam:num_requests_running", ())] < 2:
+            assert time.monotonic() < deadline, "the plain request did not start"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert process.wait(60) == 0
+    took = time.monotonic() - signalled
+    waiter.join(10)
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+    assert "shut down before the request finished" in error["message"]
+    assert plain["r"].status_code == 503 and "shut down" in plain["r"].json()["error"]["message"]
+    assert took < drain + 1.5, f"the drain took {took:.2f} s with --drain-timeout {drain:g}"
+    assert not wait_gone(children, 10), "a scheduler or worker outlived sangam serve"
+    text = log.read_text()
+    assert "Traceback" not in text and "never awaited" not in text, text
 
 
 def test_a_stop_string_ends_the_text_and_frees_the_worker(server: tuple[str, Path]) -> None:
@@ -234,3 +283,40 @@ def test_a_stop_string_ends_the_text_and_frees_the_worker(server: tuple[str, Pat
     echoed = client.completions.create(model="tiny-llada", prompt="Once", max_tokens=32, seed=5, echo=True,
                                        extra_body=slow)  # fmt: skip
     assert echoed.choices[0].text == "Once" + text
+
+
+def test_a_worker_that_dies_at_every_start_is_given_up_with_the_reason_in_the_log_and_health(
+    tmp_path: Path,
+) -> None:
+    """--restart-workers --restart-limit 2: every process of the only worker is killed as soon as it
+    appears; after two restarts (1 s, then 2 s later) the launcher gives the worker up instead of looping,
+    says so in its log, and /health names the reason."""
+    port, logs = free_port(), tmp_path / "logs"
+    args = ["--workers", "1", "--port", str(port), "--log-dir", str(logs), "--mask-len", "64"]
+    args += ["--restart-workers", "--restart-limit", "2"]
+    log = tmp_path / "out.log"
+    process = start_serve(args, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", process, timeout=120)
+        scheduler_pid = json.loads((logs / "scheduler.json").read_text())["pid"]
+        killed: set[int] = set()
+        deadline = time.monotonic() + 90
+        while (
+            health := httpx.get(url + "/health", timeout=10)
+        ).status_code != 503 or "gave up" not in health.text:
+            assert time.monotonic() < deadline, f"not given up: {health.text}; killed {len(killed)}"
+            for pid in descendants(process.pid) - {scheduler_pid} - killed:
+                os.kill(pid, signal.SIGKILL)  # the worker's process, at whatever point of its start
+                killed.add(pid)
+            time.sleep(0.05)
+        reason = health.json()["reason"]
+        assert "gave up restarting it after 2 restarts in a row" in reason and "SIGKILL" in reason, reason
+        assert len(killed) == 3  # the first process and its two restarts, and no third
+        assert descendants(process.pid) == {scheduler_pid}
+        text = log.read_text()
+        assert text.count("restarting it in") == 2 and "restarting it in 2 s" in text, text
+        assert "gave up restarting it" in text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 1  # the cluster failed: no worker left to serve

@@ -125,6 +125,8 @@ class WorkerState:
     outstanding: int = 0  # prefill tokens dispatched to it and not yet prefilled
     lost: bool = False  # declared lost (and fenced) until a new process registers for it
     pid: int = 0  # of the process that registered last
+    device: str = ""  # the device it registered (e.g. cpu, or cuda:0 (NVIDIA H200))
+    lost_reason: str = ""  # why it was declared lost (empty unless lost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,11 +266,13 @@ class Registered:
 
 @dataclass(frozen=True, slots=True)
 class WorkerExit:
-    """The launcher saw worker `worker_id`'s process `pid` exit: the worker is lost."""
+    """The launcher saw worker `worker_id`'s process `pid` exit: the worker is lost (and, if `final`, no
+    new process will follow: the launcher gave it up)."""
 
     worker_id: int
     pid: int
     reason: str
+    final: bool = False
 
 
 # ---- scheduler -> workers ----------------------------------------------------------------------------

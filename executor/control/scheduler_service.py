@@ -80,6 +80,20 @@ CLIENT_THREADS = 256  # a parked Stream holds one
 CLIENT_STREAMS = 192  # open Streams at most: CLIENT_THREADS - CLIENT_STREAMS threads stay for unary calls
 CLIENT_STREAMS_PER_PEER = 128  # from one client connection
 WATCH_CHECK_S = 1.0  # how often an idle Watch stream checks that its client is still there
+# updates a Watch stream may fall behind its client before it is cut off (a client that stopped reading
+# is not buffered for without end); serve reads its Watch as the updates come, far below this
+WATCH_BACKLOG = 16384
+
+
+class WatchCut(Exception):
+    """A Watch stream fell `WATCH_BACKLOG` updates behind: its client stopped reading."""
+
+
+class _Cut:
+    """On a cut watcher's queue: what it held was dropped; the stream ends with `WatchCut`."""
+
+
+Update = RequestState | Submitted | _Cut | None
 CLIENT_MAX_RPCS = 1024  # beyond this, calls fail fast with RESOURCE_EXHAUSTED instead of queueing
 
 log = logging.getLogger("sangam.scheduler")
@@ -144,8 +158,10 @@ class SchedulerCore:
         restarts: bool = False,
         worker_timeout: float = WORKER_TIMEOUT_S,
         secret: str,
+        watch_backlog: int = WATCH_BACKLOG,
     ) -> None:
         self.secret = secret  # presented on every call to a worker
+        self.watch_backlog = watch_backlog
         self.links: dict[int, WorkerLink] = {}
         self.worker_timeout = worker_timeout
         self.state = SchedulerState(
@@ -171,7 +187,7 @@ class SchedulerCore:
         )
         self._threads: list[threading.Thread] = []
         # replaced, never changed
-        self._watchers: tuple[queue.SimpleQueue[RequestState | Submitted | None], ...] = ()
+        self._watchers: tuple[queue.SimpleQueue[Update], ...] = ()
         self._watchers_lock = threading.Lock()
         self.state.watch = self._to_watchers
         self._core = self._thread(self._core_loop, "core")
@@ -270,14 +286,16 @@ class SchedulerCore:
         return None
 
     def worker_exited(self, msg: pb.WorkerExit) -> None:
-        """The launcher saw a worker process exit: that process's worker is lost (a later one stays)."""
+        """The launcher saw a worker process exit: that process's worker is lost (a later one stays). A
+        final exit (the launcher gave the worker up) counts for a lost worker whatever its pid: a process
+        that died at start never registered."""
         exit = codec.from_pb(msg, WorkerExit)
         with self._links_lock:
             info = self.state.workers.get(exit.worker_id)
-            if info is None or info.registration.pid != exit.pid:
+            if info is None or (info.registration.pid != exit.pid and not (exit.final and info.lost)):
                 return
             incarnation = info.incarnation
-        self.worker_lost(exit.worker_id, incarnation, f"its process {exit.reason}")
+        self.worker_lost(exit.worker_id, incarnation, f"its process {exit.reason}", exit.final)
 
     def stream(self, rid: int, active: Callable[[], bool]) -> Iterator[RequestState]:
         tracked = self.state.tracked.get(rid)
@@ -301,8 +319,10 @@ class SchedulerCore:
         """The states of watched requests published from now on, in batches: what queued up since the last
         batch, the latest state of each request (a state holds all that came before it), and the answers
         to the `submits` (tag, submission) read from the stream meanwhile (each submitted with `watch`).
-        An empty batch first, once registered; the last once the scheduler stops or `submits` ends."""
-        updates: queue.SimpleQueue[RequestState | Submitted | None] = queue.SimpleQueue()
+        An empty batch first, once registered; the last once the scheduler stops or `submits` ends. A
+        stream whose client fell `watch_backlog` updates behind (it stopped reading) is cut: what it held
+        is dropped, and it raises `WatchCut` where it stands."""
+        updates: queue.SimpleQueue[Update] = queue.SimpleQueue()
         with self._watchers_lock:
             self._watchers = (*self._watchers, updates)
 
@@ -328,6 +348,10 @@ class SchedulerCore:
                 states: dict[int, RequestState] = {}
                 submitted: list[Submitted] = []
                 while item is not None:
+                    if isinstance(item, _Cut):
+                        raise WatchCut(
+                            f"the Watch stream fell {self.watch_backlog} updates behind its client: cut off"
+                        )
                     if isinstance(item, Submitted):
                         submitted.append(item)
                     else:
@@ -345,8 +369,23 @@ class SchedulerCore:
                 self._watchers = tuple(w for w in self._watchers if w is not updates)
 
     def _to_watchers(self, state: RequestState) -> None:
+        behind = []
         for watcher in self._watchers:
-            watcher.put(state)
+            if watcher.qsize() < self.watch_backlog:
+                watcher.put(state)
+            else:
+                behind.append(watcher)
+        if behind:
+            with self._watchers_lock:
+                self._watchers = tuple(w for w in self._watchers if all(w is not b for b in behind))
+            for watcher in behind:
+                with suppress(queue.Empty):
+                    while True:
+                        watcher.get_nowait()
+                watcher.put(_Cut())
+            log.warning(
+                "cut off %d Watch stream(s) %d updates behind their client", len(behind), self.watch_backlog
+            )
 
     def cancel(self, rid: int) -> RequestState:
         """Cancel request `rid` on the core thread; its state once that is done."""
@@ -362,14 +401,14 @@ class SchedulerCore:
         done.wait(rpc.CALL_TIMEOUT_S / 2)
         return self.state.poll(rid)
 
-    def worker_lost(self, worker: int, incarnation: int, reason: str) -> None:
-        """Process `incarnation` of `worker` is gone (from any thread)."""
-        self._post(self._lose, worker, incarnation, reason)
+    def worker_lost(self, worker: int, incarnation: int, reason: str, final: bool = False) -> None:
+        """Process `incarnation` of `worker` is gone (from any thread); `final`: no new one will follow."""
+        self._post(self._lose, worker, incarnation, reason, final)
 
     # ---- core thread -----------------------------------------------------------------------------------
 
-    def _lose(self, worker: int, incarnation: int | None, reason: str) -> None:
-        self.state.on_worker_lost(worker, reason, incarnation)
+    def _lose(self, worker: int, incarnation: int | None, reason: str, final: bool = False) -> None:
+        self.state.on_worker_lost(worker, reason, incarnation, final)
         self._stop_lost_links()
         if self.state.failure:
             self.on_failure()
@@ -460,8 +499,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self, requests: Iterator[pb.WatchRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.StateBatch]:
         submits = ((m.tag, codec.from_pb(m.submit, Submission)) for m in requests if m.HasField("submit"))
-        for batch in self.core.watch(submits, context.is_active):
-            yield codec.to_pb(batch)
+        try:
+            for batch in self.core.watch(submits, context.is_active):
+                yield codec.to_pb(batch)
+        except WatchCut as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
     def Cancel(self, request: pb.RequestRef, context: grpc.ServicerContext) -> pb.RequestState:
         return codec.to_pb(self.core.cancel(request.request_id))

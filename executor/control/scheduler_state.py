@@ -95,6 +95,8 @@ class WorkerInfo:
     )
     free_pages: int | None = None  # as last reported
     lost: bool = False  # declared lost: fenced until a new process registers
+    lost_reason: str = ""  # why (while lost)
+    given_up: bool = False  # lost for good: the launcher will start no new process for it
 
 
 def block_work(tracked: Tracked, req: Request, block: int) -> BlockWork:
@@ -271,7 +273,9 @@ class SchedulerState:
             pages = info.registration.pages
             free = pages if info.free_pages is None else info.free_pages
             tally = (router.free[wid], router.outstanding[wid]) if router is not None else (0, 0)
-            workers.append(WorkerState(wid, info.role, pages, free, *tally, info.lost, info.registration.pid))
+            reg, why = info.registration, info.lost_reason if info.lost else ""
+            state = WorkerState(wid, info.role, pages, free, *tally, info.lost, reg.pid, reg.device, why)
+            workers.append(state)
         return ClusterStatus(
             ready=self.complete and not self.failure,
             workers_expected=self.layout.num_workers,
@@ -333,15 +337,25 @@ class SchedulerState:
         for report in batch.iterations:
             self._on_report(batch.worker_id, report)
 
-    def on_worker_lost(self, worker: int, reason: str, incarnation: int | None = None) -> None:
+    def on_worker_lost(
+        self, worker: int, reason: str, incarnation: int | None = None, final: bool = False
+    ) -> None:
         """Worker `worker` is gone (of its process `incarnation`, if given: a later one stays): fence
-        it and recover its requests. If the layout can no longer serve and no restart is coming, the
+        it and recover its requests; `final`: the launcher gave it up, no new process will follow (also
+        for a worker lost before). If the layout can no longer serve and no restart is coming, the
         cluster fails."""
         info = self.workers.get(worker)
-        if info is None or info.lost or (incarnation is not None and incarnation != info.incarnation):
+        if info is None or (incarnation is not None and incarnation != info.incarnation):
+            return
+        if info.lost:
+            if final and not info.given_up:
+                info.given_up, info.lost_reason = True, reason
+                log.warning("worker %d given up: %s", worker, reason)
+                self._fail_unless_serving(worker, reason)
             return
         with self._lock:
             info.lost = True
+        info.lost_reason, info.given_up = reason, final
         log.warning("worker %d lost: %s", worker, reason)
         if self.router is None or self.failure:
             self.fail(f"worker {worker} lost: {reason}")
@@ -349,7 +363,13 @@ class SchedulerState:
         actions = self.router.on_worker_lost(self.clock(), worker)
         self.transfers.on_worker_lost(worker, self._pairs(worker))
         self._apply(actions)
-        if not self.router.can_serve and not self.restarts:
+        self._fail_unless_serving(worker, reason)
+
+    def _fail_unless_serving(self, worker: int, reason: str) -> None:
+        """Fail the cluster if its layout cannot serve and no lost worker will come back."""
+        assert self.router is not None
+        coming = self.restarts and any(w.lost and not w.given_up for w in self.workers.values())
+        if not self.router.can_serve and not coming and not self.failure:
             self.fail(f"worker {worker} lost ({reason}) and {self.router.missing}")
 
     def on_worker_joined(self, worker: int) -> None:

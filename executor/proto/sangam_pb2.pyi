@@ -316,7 +316,18 @@ class StatusReply(_message.Message):
     ) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "role", "pages", "free_pages", "router_free", "outstanding", "lost", "pid")
+    __slots__ = (
+        "worker_id",
+        "role",
+        "pages",
+        "free_pages",
+        "router_free",
+        "outstanding",
+        "lost",
+        "pid",
+        "device",
+        "lost_reason",
+    )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +336,8 @@ class WorkerState(_message.Message):
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LOST_REASON_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     role: str
     pages: int
@@ -333,6 +346,8 @@ class WorkerState(_message.Message):
     outstanding: int
     lost: bool
     pid: int
+    device: str
+    lost_reason: str
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -343,6 +358,8 @@ class WorkerState(_message.Message):
         outstanding: _Optional[int] = ...,
         lost: _Optional[bool] = ...,
         pid: _Optional[int] = ...,
+        device: _Optional[str] = ...,
+        lost_reason: _Optional[str] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):
@@ -507,15 +524,21 @@ class RegisterReply(_message.Message):
     ) -> None: ...
 
 class WorkerExit(_message.Message):
-    __slots__ = ("worker_id", "pid", "reason")
+    __slots__ = ("worker_id", "pid", "reason", "final")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     pid: int
     reason: str
+    final: bool
     def __init__(
-        self, worker_id: _Optional[int] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ...
+        self,
+        worker_id: _Optional[int] = ...,
+        pid: _Optional[int] = ...,
+        reason: _Optional[str] = ...,
+        final: _Optional[bool] = ...,
     ) -> None: ...
 
 class BlockWork(_message.Message):

@@ -38,6 +38,7 @@ from executor.run.live_options import KV_TRANSPORTS
 from executor.run.ports import free_port
 from sangam.budget import Policy
 from sangam.layout import Kind, Layout, parse_mode
+from sangam.restarts import RestartPolicy, Restarts
 
 if TYPE_CHECKING:
     from executor.control.client import SangamClient
@@ -86,6 +87,7 @@ class ClusterSpec:
     transfer_attempts: int = 3
     dist_timeout: float = 120.0
     restart_workers: bool = False  # a dead (or lost) worker gets a new process on its device
+    restart_limit: int = 5  # restarts in a row that die early before a worker is given up (RestartPolicy)
     worker_timeout: float = 30.0  # a worker holding work that has not reported for this long is lost
     fault_stall_recv: int | None = None  # tests: every worker stalls this request's KV receives
     api_key: str | None = field(default=None, repr=False)  # required on the client port when set
@@ -151,6 +153,7 @@ class Child:
     log_file: IO[bytes]
     worker: int | None = None  # the worker id of a worker process
     reported: bool = False  # its exit was told to the scheduler
+    started: float = field(default_factory=time.monotonic)
 
     def exit_reason(self, code: int) -> str:
         """How the process ended, as a phrase: the signal that killed it, or its status and the error
@@ -182,6 +185,7 @@ class LocalCluster:
         self.client: SangamClient | None = None
         self.restarts = 0  # worker processes started again
         self.exits: list[str] = []  # worker processes that ended during the run, one line each
+        self.gave_up: dict[int, str] = {}  # workers given up (no new process will come), and why
         self._launches: dict[int, WorkerLaunch] = {}
         self._stopping = False
         self._stopped = False
@@ -307,11 +311,15 @@ class LocalCluster:
     # ---- the watch thread: lost and dead workers ------------------------------------------------------
 
     def _watch_workers(self) -> None:
-        """Tell the scheduler of every worker process that ended; restart it if asked. With restarts, a
-        worker declared lost whose process lives on (stopped, hung) is killed first."""
+        """Tell the scheduler of every worker process that ended; restart it if asked, after a backoff
+        (`sangam.restarts`), or give it up (told to the scheduler as final, and printed) once restarts
+        in a row died at start. With restarts, a worker declared lost whose process lives on (stopped,
+        hung) is killed first."""
         from executor.control.client import SangamError, report_worker_exit
         from executor.control.messages import WorkerExit
 
+        restarts = Restarts(RestartPolicy(limit=self.spec.restart_limit))
+        due: dict[int, float] = {}  # worker -> when its new process starts
         looks = 0
         while not self._watch_stop.wait(WATCH_INTERVAL_S):
             looks += 1
@@ -319,16 +327,32 @@ class LocalCluster:
                 code = child.proc.poll()
                 if code is None or child.reported:
                     continue
-                assert child.worker is not None
+                worker, now = child.worker, time.monotonic()
+                assert worker is not None
                 child.reported = True
                 why = child.exit_reason(code)
                 self.exits.append(f"{child.name} (pid {child.proc.pid}) {why}")
+                wait = restarts.on_exit(worker, now - child.started) if self.spec.restart_workers else None
+                final = self.spec.restart_workers and wait is None
+                reason = f"{why}; {restarts.gave_up(worker)}" if final else why
                 if not report_worker_exit(
-                    self.control, WorkerExit(child.worker, child.proc.pid, why), self.secret
+                    self.control, WorkerExit(worker, child.proc.pid, reason, final), self.secret
                 ):
                     return  # the scheduler is gone: `check` says so
-                if self.spec.restart_workers and not self._watch_stop.is_set():
-                    self._restart(child.worker)
+                if final:
+                    self.gave_up[worker] = reason
+                    print(f"sangam: error: {child.name} {reason}", file=sys.stderr, flush=True)
+                elif wait is not None:
+                    due[worker] = now + wait
+                    print(
+                        f"sangam: {child.name} (pid {child.proc.pid}) {why}; restarting it in {wait:g} s "
+                        f"(restart {restarts.row[worker]} of at most {self.spec.restart_limit} in a row)",
+                        file=sys.stderr, flush=True,
+                    )  # fmt: skip
+            for worker, at in list(due.items()):
+                if time.monotonic() >= at and not self._watch_stop.is_set():
+                    del due[worker]
+                    self._restart(worker)
             if self.spec.restart_workers and looks % LOST_EVERY == 0:
                 with suppress(SangamError):
                     self._kill_lost()
@@ -357,7 +381,8 @@ class LocalCluster:
         return [child.proc.pid for child in self.children]
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind."""
+        """Stop every process: Shutdown call, then SIGTERM, then SIGKILL; never leaves one behind. Half
+        of `timeout` (5 s at most) goes to the Shutdown, a quarter (3 s at most) to SIGTERM."""
         if self._stopped:
             return
         self._stopping = True
@@ -371,7 +396,7 @@ class LocalCluster:
                         self.client.shutdown()
                     _wait_all(self.children, min(timeout / 2, 5.0))
             finally:
-                for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+                for sig, grace in ((signal.SIGTERM, min(3.0, timeout / 4)), (signal.SIGKILL, 5.0)):
                     # Only unreaped children: their pids (and process groups) cannot have been reused.
                     alive = [c for c in self.children if c.proc.poll() is None]
                     for child in alive:

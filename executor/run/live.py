@@ -90,6 +90,38 @@ class LivePlan:
         )
         return out
 
+    def served(self, status: ClusterStatus | None = None) -> dict[str, Any]:
+        """What a server (`sangam serve`, `sangam live --serve`) ran, for its summary.json: the model and
+        its weights, each worker's device (as it registered, from `status`, else as planned), the layout
+        and the scheduling; none of the simulator's workload settings (the clients chose the trace, rate
+        and count) nor its modelled GPU. `model_spec` is the `sangam.hardware` model whose shapes priced
+        the KV (a tiny model is a twin of one)."""
+        cfg = self.config
+        registered = [w.device for w in status.workers if w.device] if status is not None else []
+        devices = registered if len(registered) == len(self.devices) else list(self.devices)
+        colocated = cfg.layout.kind is Kind.COLOCATED
+        return {
+            "model": self.model,
+            "model_spec": cfg.model,
+            "weights": self.cluster.weights,
+            "devices": devices,
+            "workers": len(self.devices),
+            "mode": cfg.mode,
+            "layout": cfg.layout.name,
+            "kv_transport": None if colocated else self.cluster.transport,
+            "kv_pages": cfg.kv_pages,
+            "mask_len": cfg.mask_tokens,
+            "policy": cfg.policy.value,
+            "budget": cfg.budget,
+            "prefill_budget": None if colocated else cfg.prefill_budget,
+            "theta": cfg.theta if cfg.layout.kind is Kind.HYBRID else None,
+            "max_decodes": cfg.max_decodes,
+            "seed": cfg.seed,
+            "unmask": self.unmask,
+            "threshold": self.threshold,
+            "temperature": self.temperature,
+        }
+
 
 def _checkpoint_config(path: Path) -> dict[str, Any]:
     """A local checkpoint's config.json, parsed."""
@@ -202,6 +234,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         api_key=args.api_key,
         stop_at_eos=not random_weights,
         restart_workers=args.restart_workers,
+        restart_limit=args.restart_limit,
         worker_timeout=args.worker_timeout,
         max_model_len=args.max_model_len,
     )
@@ -598,9 +631,16 @@ def _write_partial(
           file=sys.stderr)  # fmt: skip
 
 
-def write_served(plan: LivePlan, collected: Collector, out: Path, cause: str | None = None) -> int:
+def write_served(
+    plan: LivePlan,
+    collected: Collector,
+    out: Path,
+    cause: str | None = None,
+    server: dict[str, Any] | None = None,
+) -> int:
     """Write the results of every request a serving cluster finished (as `collected` so far) to `out`,
-    marked partial with its `cause` if the server did not end normally; how many there were."""
+    marked partial with its `cause` if the server did not end normally; how many there were. The
+    summary's config is what served (`LivePlan.served`) and the `server`'s own facts."""
     from runs.build import build
     from runs.results import request_row, summarize, write_results
 
@@ -609,7 +649,7 @@ def write_served(plan: LivePlan, collected: Collector, out: Path, cause: str | N
         recovery = collected.status.recovery if collected.status is not None else None
         kv_bytes = plan.config.model_spec.kv_bytes_per_token
         summary = summarize([request_row(r) for r in finished], kv_bytes, recovery)
-        summary.update(build=build(), config=plan.resolved())
+        summary.update(build=build(), config={**plan.served(collected.status), **(server or {})})
         summary.update(partial=cause is not None, **({"partial_cause": cause} if cause else {}))
         write_results(out, finished, summary)
     return len(finished)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.model.live_models import LIVE_MODELS
-from runs.args import non_negative_float, port_number, positive_float, positive_int
+from runs.args import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from runs.options import option
 
 KV_TRANSPORTS = ("gloo", "nccl")  # executor.transfer.links.TRANSPORTS, without importing torch here
@@ -100,6 +100,10 @@ class LiveOptions:
     restart_workers: bool = option(
         False, "start a new process for a worker that died (or was declared lost) on its device; it "
         "registers again and takes work",
+    )  # fmt: skip
+    restart_limit: int = option(
+        5, "with --restart-workers: restarts of a worker in a row, each dead within 60 s of its start, "
+        "before it is given up (the waits: 1 s, then twice the last, at most 30 s)", parse=non_negative_int,
     )  # fmt: skip
     worker_timeout: float = option(
         30.0, "declare a worker lost after this many seconds without a report while it holds work",

@@ -5,7 +5,8 @@ packs those pages for the peer. A RECEIVE allocates pages here for a block the s
 carries, receives into them, and the block then joins the Batcher's decodes. Each end's result is
 emitted as a `TransferEvent` into the worker's report stream (`Engine.emit`). A block dropped while its
 KV is being received keeps its pages until the receive ends: the link thread writes into them till then.
-A receive still waiting for its peer (a lost worker never comes) is told to stop waiting.
+A receive still waiting for its peer (a lost worker never comes) is told to stop waiting, and a receive
+refused here (no room for its KV, a bad order) tells its sender at once through the link.
 
 Everything here changes the engine's jobs, batcher and pool, so it runs under the engine's lock (from
 the gRPC threads that carry orders and the link threads that finish transfers). The engine
@@ -14,8 +15,10 @@ the gRPC threads that carry orders and the link threads that finish transfers). 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from executor.control.admission import check_work
@@ -95,6 +98,11 @@ class TransferEnds:
             self.engine.emit(
                 TransferEvent(order.kind, order.transfer_id, order.attempt, False, str(err), now, now)
             )
+            if order.kind is TransferKind.RECEIVE and self.links is not None:
+                # the sender would wait for this end until its deadline: it learns at once
+                with contextlib.suppress(TransferError):
+                    refusal = replace(_transfer_job(order, ()), refused=str(err))
+                    self.links.refuse(order.peer, refusal)
 
     def done(self, result: TransferResult) -> None:
         """A link thread finished one end of an attempt: a received block joins the decodes at once, and

@@ -261,14 +261,15 @@ class PairLink:
             time.sleep(pause)  # polls (not the store's wait, whose timeout would leave a reply in flight)
             pause = min(2 * pause, 0.001 if now - started < 0.1 else 0.01)
         decided = self.store.compare_set(f"{key}/go", "", "go" if present else "abort")
+        refused = self._refusal(key) if present and decided != b"go" else ""
         if present or decided == b"go":  # the second end to decide removes the attempt's keys
             with contextlib.suppress(Exception):
                 self.store.delete_key(peer_key)
-                if self.store.add(f"{key}/n", 1) == 2:
-                    self.store.delete_key(f"{key}/go")
-                    self.store.delete_key(f"{key}/n")
+            self._done_with(key)
         if decided != b"go":
             me, wait = self.src if self.rank == 0 else self.dst, f"{self.config.timeout_s:g} s"
+            if refused:
+                raise TransferError(f"worker {self.peer} refused the transfer: {refused}")
             if present:
                 raise TransferError(
                     f"worker {me} reached the transfer after worker {self.peer} gave up ({wait})"
@@ -276,6 +277,30 @@ class PairLink:
             if dropped():
                 raise TransferError(f"dropped while worker {me} waited for worker {self.peer}")
             raise TransferError(f"worker {self.peer} was not ready for the transfer within {wait}")
+
+    def refuse(self, tag: int, reason: str) -> None:
+        """This end will not take part in transfer `tag` (a receive with no room for its KV): decide
+        "abort" for both ends now, with `reason`, and mark this end present, so that the peer's handshake
+        ends at once with the reason instead of at its deadline."""
+        key = f"{STORE_PREFIX}/{self.src}-{self.dst}/{self.generation}/t{tag}"
+        self.store.set(f"{key}/why", reason)
+        self.store.compare_set(f"{key}/go", "", "abort")  # before the mark: the peer must not decide "go"
+        self.store.set(f"{key}/r{self.rank}", "1")
+        self._done_with(key)
+
+    def _done_with(self, key: str) -> None:
+        """One end is done with the attempt's keys; the second removes them."""
+        with contextlib.suppress(Exception):
+            if self.store.add(f"{key}/n", 1) == 2:
+                for name in ("go", "n", "why"):
+                    self.store.delete_key(f"{key}/{name}")
+
+    def _refusal(self, key: str) -> str:
+        """The peer's reason if it refused the attempt, else ""."""
+        with contextlib.suppress(Exception):
+            if self.store.check([f"{key}/why"]):
+                return bytes(self.store.get(f"{key}/why")).decode(errors="replace")
+        return ""
 
     def send(self, buf: Tensor, tag: int, deadline: float) -> None:
         self._exchange(buf, tag, deadline, "send")
@@ -345,6 +370,7 @@ class TransferJob:
     generation: int
     pages: tuple[int, ...]  # this worker's page ids holding (or receiving) the request's KV
     dropped: threading.Event = field(default_factory=threading.Event, compare=False)  # set: stop waiting
+    refused: str = ""  # a receive this end will not take (why): the peer is told, nothing moves
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +432,9 @@ class LinkThread:
             if job is None:
                 self.link.close()
                 return
+            if job.refused:
+                self._refuse(job)
+                continue
             try:
                 result = self._transfer(job)
             except Exception as err:  # never lose a result: the scheduler waits for both ends
@@ -413,6 +442,14 @@ class LinkThread:
                 now = time.monotonic()
                 result = TransferResult(self.sending, job, self.link.peer, False, one_line(err), now, now, 0)
             self.on_result(result)
+
+    def _refuse(self, job: TransferJob) -> None:
+        """Tell the peer that this end will not take `job` (its own failure was reported already)."""
+        try:
+            self.link.ensure(job.generation)
+            self.link.refuse(job.tag, job.refused)
+        except Exception as err:  # the peer's handshake then ends at its deadline, as before
+            log.warning("could not refuse transfer %d: %s", job.transfer_id, one_line(err))
 
     def _transfer(self, job: TransferJob) -> TransferResult:
         start = time.monotonic()
@@ -513,6 +550,10 @@ class KVTransfers:
         self._link(True, peer).submit(job)
 
     def receive(self, peer: int, job: TransferJob) -> None:
+        self._link(False, peer).submit(job)
+
+    def refuse(self, peer: int, job: TransferJob) -> None:
+        """Tell `peer` that this worker will not receive `job` (`job.refused` says why), in its turn."""
         self._link(False, peer).submit(job)
 
     def _link(self, sending: bool, peer: int) -> LinkThread:

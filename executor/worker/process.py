@@ -189,6 +189,13 @@ class WorkerProcess:
                 return
 
 
+def described(device: torch.device) -> str:
+    """The device as the worker registers it: `cpu`, or `cuda:0 (NVIDIA H200)`."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
 def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.device) -> KVTransfers:
     """Open the rendezvous store (worker 0 hosts it) and build this worker's KV links."""
     if args.dist_port <= 0:
@@ -303,7 +310,7 @@ def main() -> int:
                 mask_id=config.mask_id,
                 eos_ids=tuple(config.eos_ids),
                 model=args.model if args.weights == "random" else str(args.weights),
-                device=str(device),
+                device=described(device),
                 pid=os.getpid(),
                 role=role.value,
                 context_len=args.max_model_len or config.context_len,

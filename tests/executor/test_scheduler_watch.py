@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterator
 
+import grpc
+import pytest
+
+from executor.control import rpc
 from executor.control.messages import (
     Registration,
     RequestState,
@@ -13,8 +18,10 @@ from executor.control.messages import (
     Submitted,
     WatchBatch,
 )
-from executor.control.scheduler_service import SchedulerCore
+from executor.control.scheduler_service import SchedulerCore, SchedulerServer, WatchCut
 from executor.control.scheduler_state import SchedulerState
+from executor.proto import sangam_pb2 as pb
+from executor.proto import sangam_pb2_grpc as pb_grpc
 
 PROMPT = tuple(range(1, 21))
 Sent = queue.SimpleQueue[tuple[int, Submission] | None]
@@ -84,3 +91,53 @@ def test_submits_sent_on_a_watch_are_answered_on_it_under_their_tags() -> None:
         assert list(stream) == []
     finally:
         core.stop()
+
+
+def test_a_watch_that_falls_too_far_behind_is_cut_and_what_it_held_is_dropped() -> None:
+    core = SchedulerCore(1, mask_len=64, secret="s", watch_backlog=10)
+    sent: Sent = queue.SimpleQueue()
+    try:
+        stream = core.watch(sending(sent), lambda: True)
+        assert next(stream) == WatchBatch([], [])  # then its client reads no more
+        for rid in range(11):
+            core.state.watch(RequestState(rid, RequestStatus.QUEUED))
+        assert core._watchers == ()  # the 11th found 10 waiting: no more go to it
+        with pytest.raises(WatchCut, match="fell 10 updates behind"):
+            next(stream)  # nothing of what it held comes, only the cut
+    finally:
+        core.stop()
+        sent.put(None)
+
+
+def test_a_grpc_client_that_stops_reading_its_watch_is_cut_off_with_resource_exhausted() -> None:
+    """Over a real socket: the client reads the first batch, then stops; the scheduler keeps publishing.
+    Once gRPC's flow control holds the stream's sender, its queue fills to the bound and it is cut: the
+    client, reading again, gets what was in flight, then RESOURCE_EXHAUSTED."""
+    core = SchedulerCore(1, mask_len=64, secret="s", watch_backlog=200)
+    server = SchedulerServer(core)
+    server.start()
+    channel = rpc.channel(server.address)
+    sending_done = threading.Event()
+
+    def requests() -> Iterator[pb.WatchRequest]:  # sends nothing, and does not stop sending
+        sending_done.wait()
+        yield from ()
+
+    try:
+        stream = pb_grpc.SchedulerStub(channel).Watch(requests())
+        next(stream)  # registered
+        tokens = tuple(range(2000))
+        published = 0
+        while core._watchers:
+            assert published < 200_000, "the stream was buffered without a bound"
+            core.state.watch(RequestState(published, RequestStatus.RUNNING, token_ids=tokens))
+            published += 1
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stream:
+                pass
+        assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "fell 200 updates behind" in (caught.value.details() or "")
+    finally:
+        sending_done.set()
+        channel.close()
+        server.stop()

@@ -38,3 +38,22 @@ def test_a_sender_that_comes_after_the_drop_finds_the_transfer_aborted() -> None
         receiver.handshake(8, time.monotonic() + 30, lambda: True)
     with pytest.raises(TransferError, match="gave up"):
         sender.handshake(8, time.monotonic() + 30)  # it finds "abort": neither end posts its operation
+
+
+@pytest.mark.parametrize("sender_first", [True, False])
+def test_a_refused_receive_ends_its_senders_wait_at_once_with_the_reason(sender_first: bool) -> None:
+    """The destination had no room for the KV: its refusal reaches the waiting sender (or one that comes
+    later) through the store, instead of the sender waiting out its 30 s deadline."""
+    shared = store()
+    receiver, sender = PairLink(shared, 0, 1, 1, CONFIG), PairLink(shared, 0, 1, 0, CONFIG)
+    why = "no room for the KV: 40 pages needed, 3 free"
+    if sender_first:
+        threading.Timer(0.3, receiver.refuse, (9, why)).start()
+    else:
+        receiver.refuse(9, why)
+    started = time.monotonic()
+    with pytest.raises(TransferError, match=f"worker 1 refused the transfer: {why}"):
+        sender.handshake(9, started + CONFIG.timeout_s)
+    assert time.monotonic() - started < 5  # not the 30 s deadline
+    key = "sangam/kv/0-1/-1/t9"
+    assert not any(shared.check([f"{key}/{name}"]) for name in ("go", "n", "why", "r1"))  # cleaned up

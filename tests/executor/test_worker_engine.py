@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from executor.control.messages import BlockWork, TransferEvent, TransferKind
+from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.forward import ModelRunner
@@ -133,3 +133,36 @@ def test_a_drop_frees_kv_kept_for_a_transfer_and_a_receiving_block_once_its_rece
     destination.transfer_done(TransferResult(False, receive, 1, True, "", end, end, 0))
     assert destination.batcher.pool.num_free == 16 and not destination.jobs
     assert not destination.batcher.has_work and events[0].ok  # the event still goes out (stale there)
+
+
+class RecordingLinks:
+    """The links of a destination: what it asked to receive, and what it refused."""
+
+    def __init__(self) -> None:
+        self.received: list[TransferJob] = []
+        self.refused: list[tuple[int, TransferJob]] = []
+
+    def receive(self, peer: int, job: TransferJob) -> None:
+        self.received.append(job)
+
+    def refuse(self, peer: int, job: TransferJob) -> None:
+        self.refused.append((peer, job))
+
+
+def test_a_receive_refused_for_lack_of_pages_tells_its_sender_through_the_link() -> None:
+    destination = engine(pages=2)  # a block of 20 + 32 tokens needs 4 pages
+    events: list[TransferEvent] = []
+    destination.emit = events.append
+    links = RecordingLinks()
+    destination.ends.links = links  # type: ignore[assignment]
+    work = block(9)
+    order = TransferOrder(
+        TransferKind.RECEIVE, 3, 1, 9, 0, peer=5, pages=pages_for(20 + BLOCK), generation=2, tag=77,
+        work=work, block_tokens=tuple(range(BLOCK)), step=1,
+    )  # fmt: skip
+    destination.transfer(order, call=1)
+    assert len(events) == 1 and not events[0].ok and "no room for the KV" in events[0].error
+    assert not links.received and len(links.refused) == 1
+    peer, job = links.refused[0]
+    assert (peer, job.transfer_id, job.attempt, job.tag, job.generation) == (5, 3, 1, 77, 2)
+    assert "no room for the KV" in job.refused and destination.batcher.pool.num_free == 2

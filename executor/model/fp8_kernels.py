@@ -18,7 +18,7 @@ from executor.model.fp8 import FP8, FP8_MAX, MIN_SCALE
 
 
 @triton.jit
-def _quantize_rows(
+def _quantize_rows(  # type: ignore[no-untyped-def]  # a Triton kernel: its annotations mean other things
     x_ptr, q_ptr, scale_ptr, width, x_stride, q_stride, fp8_max, min_scale, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -32,7 +32,7 @@ def _quantize_rows(
 
 
 @triton.jit
-def _silu_mul_quantize_rows(
+def _silu_mul_quantize_rows(  # type: ignore[no-untyped-def]
     x_ptr, q_ptr, scale_ptr, width, x_stride, q_stride, fp8_max, min_scale, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)

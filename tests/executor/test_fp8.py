@@ -188,3 +188,25 @@ def test_plan_run_hands_the_quantization_to_the_workers() -> None:
 
     plan = plan_run(RunConfig(), LiveOptions(workers=1, quantization="fp8"))
     assert plan.cluster.quantization == "fp8"
+
+
+def test_the_accuracy_harness_compares_like_with_like_on_cpu() -> None:
+    from benchmarks.fp8_accuracy import generate, measure, quantize_part
+
+    result = measure(Family.DREAM, 2, 1, config=tiny(Family.DREAM), device="cpu", prompt=40, masks=64)
+    parts = {(row.quantized, row.phase) for row in result.logits}
+    assert parts == {(q, p) for q in ("all", "attention", "mlp") for p in ("prefill", "decode")}
+    assert all(0.0 < row.relative_error < 0.1 for row in result.logits)
+    g = result.generation
+    assert g.forwards == 32 and 0.0 <= g.free_agreement <= 1.0 and 0.0 <= g.forced_top1 <= 1.0
+    # a model followed by itself agrees everywhere
+    from benchmarks.fp8_accuracy import Runner, prompts
+
+    config = tiny(Family.LLADA)
+    model = random_model(config, dtype=torch.float32, seed=0)
+    runner = Runner(model, 64)
+    _, forwards, same, top1 = generate(runner, prompts(200, 2, 40, seed=1), 1, follow=runner)
+    assert forwards == 32 and set(same) == {1.0} and set(top1) == {1.0}
+    quantize_part(model, "mlp")
+    assert isinstance(model.layers[0].mlp.down, fp8.Fp8Linear)
+    assert type(model.layers[0].attn.qkv) is nn.Linear

@@ -29,7 +29,7 @@ STEPS=("$@")
 step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
 [[ -f .jit/fi-cache.tgz ]] || tar czf "$OUT/fi-cache.tgz" -C ~/.cache flashinfer 2>/dev/null
 if wanted tests; then
-    step tests 120 python3 -m pytest -m gpu tests/executor/test_fp8_gpu.py -q -x -p no:cacheprovider \
+    step tests 110 python3 -m pytest -m gpu tests/executor/test_fp8_gpu.py -q -x -p no:cacheprovider \
         -o addopts="" 2>&1 | tee "$OUT/tests.txt" | tail -n 30
 fi
 if wanted speed; then
@@ -38,6 +38,6 @@ if wanted speed; then
         | tee "$OUT/speed.txt" | grep -v '^\[profile\]     ' | grep -v '^#   host' | tail -n 60
 fi
 if wanted accuracy; then
-    step accuracy 120 python3 -m benchmarks.fp8_accuracy --prompts 8 --blocks 4 --json "$OUT/accuracy.json" \
+    step accuracy 100 python3 -m benchmarks.fp8_accuracy --prompts 8 --blocks 4 --json "$OUT/accuracy.json" \
         2>&1 | tee "$OUT/accuracy.txt" | tail -n 20
 fi

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from executor.model import fp8
+from executor.model.attention import TorchAttention
 from executor.model.config import Family, ModelConfig, full_size
 from executor.model.flashinfer_backend import make_backend, warm_up_kernels
 from executor.model.forward import ModelRunner
@@ -54,7 +55,7 @@ PARTS = {"all": ("attn", "mlp"), "attention": ("attn",), "mlp": ("mlp",)}
 @dataclass(frozen=True, slots=True)
 class LogitsRow:
     model: str
-    quantized: str  # all | attention | mlp
+    quantized: str  # all | attention | mlp | none-sdpa (bf16, torch attention: the noise floor)
     phase: str  # prefill | decode
     relative_error: float
     top1_agreement: float
@@ -63,6 +64,7 @@ class LogitsRow:
 @dataclass(frozen=True, slots=True)
 class GenerationRow:
     model: str
+    compared: str  # fp8 | bf16-sdpa (the noise floor: bf16 with torch attention instead of FlashInfer)
     prompts: int
     blocks: int
     forwards: int  # of the bf16 run
@@ -91,12 +93,15 @@ def top1_agreement(actual: Tensor, expected: Tensor) -> float:
 
 
 class Runner:
-    """One model over its own paged cache and FlashInfer attention."""
+    """One model over its own paged cache and FlashInfer attention (or torch's, `torch_attention`)."""
 
-    def __init__(self, model: Transformer, pages: int) -> None:
+    def __init__(self, model: Transformer, pages: int, *, torch_attention: bool = False) -> None:
         config = model.config
         cache = PagedKVCache.for_model(PagePool(pages), config, dtype=model.dtype, device=model.device)
-        self.runner = ModelRunner(model, cache, make_backend(model.device, config, dtype=model.dtype))
+        backend = (
+            TorchAttention() if torch_attention else make_backend(model.device, config, dtype=model.dtype)
+        )
+        self.runner = ModelRunner(model, cache, backend)
         self.pool = cache.pool
         self.mask_id = config.mask_id
 
@@ -178,6 +183,7 @@ def logits_rows(
 class Accuracy:
     logits: list[LogitsRow]
     generation: GenerationRow
+    floor: GenerationRow  # bf16 against bf16 with torch attention: what a bf16-sized perturbation does
     seconds: float  # the generations'
 
 
@@ -218,18 +224,28 @@ def measure(
         model = build()
         quantize_part(model, "all")
         whole = Runner(model, pages)
+    floor = Runner(reference.runner.model, pages, torch_attention=True)
+    logits += logits_rows(family, reference, floor, "none-sdpa", prompt, masks)
     heads = prompts(200, count, prompt, seed=11)
     started = time.perf_counter()
-    ref_seqs, forwards, same, top1 = generate(reference, heads, blocks, follow=whole)
-    fp8_seqs, *_ = generate(whole, heads, blocks)
-    generated = slice(prompt, prompt + blocks * BLOCK)
-    equal = torch.stack([a[generated] == b[generated] for a, b in zip(ref_seqs, fp8_seqs, strict=True)])
+    generation = compare(family.value, "fp8", reference, whole, heads, blocks)
+    floor_row = compare(family.value, "bf16-sdpa", reference, floor, heads, blocks)
+    return Accuracy(logits, generation, floor_row, time.perf_counter() - started)
+
+
+def compare(
+    model: str, label: str, reference: Runner, other: Runner, heads: list[Tensor], blocks: int
+) -> GenerationRow:
+    """`other`'s threshold generations against `reference`'s, free-running and on its states."""
+    ref_seqs, forwards, same, top1 = generate(reference, heads, blocks, follow=other)
+    other_seqs, *_ = generate(other, heads, blocks)
+    generated = slice(len(heads[0]), len(heads[0]) + blocks * BLOCK)
+    equal = torch.stack([a[generated] == b[generated] for a, b in zip(ref_seqs, other_seqs, strict=True)])
     first = [int((~row).float().argmax()) if not row.all() else blocks * BLOCK for row in equal]
-    generation = GenerationRow(
-        family.value, count, blocks, forwards, float(equal.float().mean()), sum(same) / len(same),
+    return GenerationRow(
+        model, label, len(heads), blocks, forwards, float(equal.float().mean()), sum(same) / len(same),
         sum(top1) / len(top1), sum(first) / len(first),
     )  # fmt: skip
-    return Accuracy(logits, generation, time.perf_counter() - started)
 
 
 def print_result(result: Accuracy) -> None:
@@ -238,13 +254,13 @@ def print_result(result: Accuracy) -> None:
             f"{row.model:<6} fp8 {row.quantized:<9} {row.phase:<7} logits rel. error "
             f"{row.relative_error:.4f}  top-1 agreement {row.top1_agreement:.3f}"
         )
-    g = result.generation
-    print(
-        f"{g.model:<6} generations {g.prompts} x {g.blocks} blocks ({g.forwards} forwards): tokens agree "
-        f"{g.free_agreement:.3f} free-running (first difference at token {g.first_divergence:.0f} on "
-        f"average); on bf16's states forwards commit alike {g.forced_agreement:.3f}, argmax tokens agree "
-        f"{g.forced_top1:.3f}"
-    )
+    for g in (result.generation, result.floor):
+        print(
+            f"{g.model:<6} {g.compared:<9} generations {g.prompts} x {g.blocks} blocks ({g.forwards} "
+            f"forwards): tokens agree {g.free_agreement:.3f} free-running (first difference at token "
+            f"{g.first_divergence:.0f} on average); on bf16's states forwards commit alike "
+            f"{g.forced_agreement:.3f}, argmax tokens agree {g.forced_top1:.3f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

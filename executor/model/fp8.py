@@ -98,11 +98,17 @@ def _kernels(x: Tensor) -> Any:
     return _triton_kernels()
 
 
-def scaled_gemm_ok(x: Tensor) -> bool:
-    """Whether `x` can take the FP8 tensor-core GEMM (bf16 on a CUDA device of compute capability >= 8.9)."""
-    if x.device.type != "cuda" or x.dtype != torch.bfloat16:
+def scaled_gemm_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether activations of `dtype` on `device` take the FP8 tensor-core GEMM: bf16 on a CUDA device of
+    compute capability >= 8.9 (Ada, Hopper and later)."""
+    if device.type != "cuda" or dtype != torch.bfloat16:
         return False
-    return torch.cuda.get_device_capability(x.device) >= (8, 9)
+    return _fp8_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _fp8_capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
 class Fp8Linear(nn.Module):
@@ -139,7 +145,7 @@ class Fp8Linear(nn.Module):
 
     def gemm(self, values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
         """(M, N) in `dtype` from quantized rows (M, K) and their scales (M, 1), plus the bias."""
-        if dtype == torch.bfloat16 and scaled_gemm_ok(values):
+        if scaled_gemm_ok(values.device, dtype):
             out = torch._scaled_mm(
                 values,
                 self.weight.t(),

@@ -304,7 +304,7 @@ def build_model(
         quantize_model(model, quantization)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the bf16 weights the quantized ones replaced
-        if not scaled_gemm_ok(torch.empty(0, dtype=dtype, device=device)):
+        if not scaled_gemm_ok(device, dtype):
             log.warning("--quantization %s on %s (%s): a dequantizing reference path, no speed-up",
                         quantization, device, dtype)  # fmt: skip
     return model

@@ -3,6 +3,8 @@ reference GEMM path, the quantized model, and the flag on every command that bui
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -195,8 +197,12 @@ def test_the_accuracy_harness_compares_like_with_like_on_cpu() -> None:
 
     result = measure(Family.DREAM, 2, 1, config=tiny(Family.DREAM), device="cpu", prompt=40, masks=64)
     parts = {(row.quantized, row.phase) for row in result.logits}
-    assert parts == {(q, p) for q in ("all", "attention", "mlp") for p in ("prefill", "decode")}
-    assert all(0.0 < row.relative_error < 0.1 for row in result.logits)
+    names = ("all", "attention", "mlp", "none-sdpa")
+    assert parts == {(q, p) for q in names for p in ("prefill", "decode")}
+    assert all(0.0 < row.relative_error < 0.1 for row in result.logits if row.quantized != "none-sdpa")
+    # on CPU the reference runs torch attention too: the noise floor is exactly none
+    assert all(row.relative_error == 0.0 for row in result.logits if row.quantized == "none-sdpa")
+    assert result.floor.forced_top1 == 1.0 and result.floor.free_agreement == 1.0
     g = result.generation
     assert g.forwards == 32 and 0.0 <= g.free_agreement <= 1.0 and 0.0 <= g.forced_top1 <= 1.0
     # a model followed by itself agrees everywhere
@@ -210,3 +216,23 @@ def test_the_accuracy_harness_compares_like_with_like_on_cpu() -> None:
     quantize_part(model, "mlp")
     assert isinstance(model.layers[0].mlp.down, fp8.Fp8Linear)
     assert type(model.layers[0].attn.qkv) is nn.Linear
+
+
+def test_bf16_activations_on_an_fp8_gpu_take_the_scaled_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path's dispatch, on CPU: `torch._scaled_mm` gets the quantized rows, the transposed weight
+    and both row-wise scales, and the bias is added after it; it computes what the reference path does."""
+    calls = []
+
+    def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, **kwargs: Any) -> Tensor:
+        calls.append((a.dtype, b.shape, scale_a.shape, scale_b.shape, kwargs["out_dtype"]))
+        return ((a.float() * scale_a) @ (b.float() * scale_b)).to(kwargs["out_dtype"])
+
+    layer = fp8.Fp8Linear.from_linear(linear(64, 32, True, seed=12).to(torch.bfloat16))
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    reference = layer(x)
+    monkeypatch.setattr(fp8, "scaled_gemm_ok", lambda device, dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    out = layer(x)
+    assert calls == [(fp8.FP8, (64, 32), (5, 1), (1, 32), torch.bfloat16)]
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, reference, rtol=2e-2, atol=2e-2)

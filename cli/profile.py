@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from executor.run.live_options import LiveOptions
 from runs.args import positive_int
 from runs.config import RunConfig
 from runs.options import add_options, collect, option
@@ -30,15 +31,21 @@ def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(name, help="measure iteration times of our worker on this GPU and fit them")
     add_options(parser, RunConfig, only=("model", "gpu"), defaults={"gpu": "h200"})
     add_options(parser, ProfileOptions)
+    add_options(parser, LiveOptions, only=("quantization",))
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiles.store import DATA, load_profile, merge_log
+    from profiles.store import DATA, load_profile, load_profile_dir, merge_log
 
     model, gpu = args.model, args.gpu
     options = collect(ProfileOptions, args)
+    quantization = collect(LiveOptions, args).quantization
     root = options.out or DATA
     if options.from_log:
+        if quantization is not None:
+            raise SystemExit(
+                "sangam profile: --from-log refits bf16 profiles; --quantization is for measuring"
+            )
         merge_log(model, gpu, list(options.from_log), root)
     else:
         from calib.profile_runner import run_profile as measure
@@ -47,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
         with bar("profile", "shapes") as watch:
             data, _ = measure(
                 model, gpu, root, weights=options.weights, graphs=options.cuda_graphs,
-                repeats=options.repeats, watch=watch,
+                repeats=options.repeats, watch=watch, quantization=quantization,
             )  # fmt: skip
         print(f"wrote {data}")
-    profile = load_profile(model, gpu, root)
+    if quantization is not None:  # its own directory (h200-fp8), fitted as a profile of the GPU it ran on
+        from calib.profile_runner import profile_directory
+
+        profile = load_profile_dir(model, profile_directory(gpu, quantization), gpu, root)
+    else:
+        profile = load_profile(model, gpu, root)
     assert profile is not None
     r = profile.report
     print(

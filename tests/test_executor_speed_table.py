@@ -10,7 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.executor_speed import SPECS, Row, bound, count, main, serial_bound_ms
+from benchmarks.executor_speed import (
+    FP8_SPEEDUP,
+    SPECS,
+    Row,
+    bound,
+    count,
+    count_parts,
+    main,
+    met,
+    parts_bound,
+    serial_bound_ms,
+)
 from executor.model.config import Family
 from sangam.hardware import BLOCK
 
@@ -45,8 +56,8 @@ def test_table_prints_each_row_of_a_json_file(tmp_path, capsys) -> None:
     assert len(lines) == 3 and lines[0].split()[-2:] == ["serial", "g-err"]
     for line, row in zip(lines[1:], rows, strict=True):
         fields = line.split()
-        assert fields[:3] == [row.model, "decode", str(row.size)]
-        assert float(fields[6]) == row.ms
+        assert fields[:4] == [row.model, row.quant, "decode", str(row.size)]
+        assert float(fields[7]) == row.ms
         serial = fields[-1] if row.error is None else fields[-2]
         assert serial == f"{row.ms / serial_bound_ms(row):.2f}"
     assert lines[1].split()[-2:] == ["NO", "1.38"]  # the shipped LLaDA B=8 figure: 1.74x bound, 1.38x serial
@@ -74,3 +85,28 @@ def test_table_of_a_file_without_rows_exits_with_one_line(tmp_path, text: str) -
         main(["--table", str(path)])
     message = str(exit_.value.code)
     assert message.startswith(f"executor_speed: {path} holds no benchmark rows") and "\n" not in message
+
+
+def test_old_files_without_a_quantization_read_as_bf16(tmp_path, capsys) -> None:
+    path = tmp_path / "old.json"
+    old = {k: v for k, v in asdict(decode_row(Family.LLADA, 8, ms=9.15)).items() if k != "quant"}
+    path.write_text(json.dumps([old]))
+    main(["--table", str(path)])
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["llada", "bf16"]
+
+
+def test_fp8_halves_body_weight_bytes_and_doubles_their_rate() -> None:
+    spec = SPECS[Family.LLADA]
+    (body16, head16), attention16 = count_parts(spec, 8, BLOCK, 1819, True)
+    (body8, head8), attention8 = count_parts(spec, 8, BLOCK, 1819, True, "fp8")
+    assert body8[0] == body16[0] and body8[1] == body16[1] / 2 and body8[2] == FP8_SPEEDUP * body16[2]
+    assert head8 == head16 and attention8 == attention16  # the LM head and attention stay bf16
+    # bf16's bound through the parts is the old one
+    assert parts_bound((body16, head16, attention16)) == bound(*count(spec, 8, BLOCK, 1819, True))
+    assert parts_bound((body8, head8, attention8))[0] < parts_bound((body16, head16, attention16))[0]
+
+
+def test_fp8_rows_are_held_to_issue_30s_times() -> None:
+    row = replace(decode_row(Family.LLADA, 8, ms=5.4), quant="fp8", target="<=5.5ms")
+    assert met(row) == "yes" and met(replace(row, ms=5.6)) == "NO"
+    assert serial_bound_ms(row) < serial_bound_ms(replace(row, quant="bf16"))

@@ -60,6 +60,7 @@ class WorkerLaunch:
         str  # the run's secret (executor.control.auth): presented to the scheduler, required by this worker
     )
     kv_transport: str = "gloo"
+    quantization: str | None = None  # 'fp8': quantize the linear layers at load (executor.model.fp8)
     dist_port: int = 0  # KV rendezvous store port (worker 0 hosts it)
     dist_host: str = "127.0.0.1"
     transfer_timeout: float = 30.0

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from executor.model.fp8 import Fp8Linear
+
 FUSED_KERNELS = True  # False: the plain torch ops everywhere (benchmarks compare the two)
 
 
@@ -68,15 +70,18 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one GEMM, gate first."""
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one GEMM, gate first (either projection may
+    be an `Fp8Linear` once the model is quantized)."""
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down = nn.Linear(intermediate, hidden, bias=False)
+        self.down: nn.Module = nn.Linear(intermediate, hidden, bias=False)  # or an Fp8Linear
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)
+        if isinstance(self.down, Fp8Linear):  # quantized: SiLU-and-mul runs inside its input's quantization
+            return self.down.forward_silu_mul(gate_up)
         fused = fused_kernels(gate_up)
         if fused is not None:
             return self.down(fused.silu_and_mul(gate_up))

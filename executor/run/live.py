@@ -224,6 +224,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         seed=config.seed,
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
+        quantization=args.quantization,
         host=args.host,
         port=port,
         iteration_log=None,

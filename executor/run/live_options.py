@@ -15,6 +15,7 @@ from runs.args import non_negative_float, non_negative_int, port_number, positiv
 from runs.options import option
 
 KV_TRANSPORTS = ("gloo", "nccl")  # executor.transfer.links.TRANSPORTS, without importing torch here
+QUANTIZATIONS = ("fp8",)  # executor.model.fp8.QUANTIZATIONS, likewise
 SERVE_PORT = 50051
 LIVE_NUM_REQUESTS = 100
 CPU_NUM_REQUESTS = 16  # full-length ShareGPT sequences on the tiny CPU model: about 20 s on 2 cores
@@ -70,6 +71,12 @@ class LiveOptions:
     )  # fmt: skip
     threads: int = option(1, "torch CPU threads per worker", parse=positive_int)
     cuda_graphs: bool = option(True, "replay decode-only iterations from CUDA graphs (GPU workers)")
+    quantization: str | None = option(
+        None, "quantize the linear layers at load (vLLM's flag): fp8 stores q/k/v/o and MLP weights in "
+        "FP8 E4M3 with per-output-channel scales and quantizes activations per token, on Hopper's FP8 GEMMs "
+        "(on CPU a dequantizing reference path); the LM head, embeddings and norms stay bf16",
+        choices=QUANTIZATIONS, default_text="none: bf16 weights",
+    )  # fmt: skip
     host: str = option("127.0.0.1", "address the scheduler's client port binds")
     port: int | None = option(
         None, "client port (0: any free one)", parse=port_number,

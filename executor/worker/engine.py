@@ -41,6 +41,7 @@ from executor.control.messages import (
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, full_size, tiny
 from executor.model.forward import ModelRunner
+from executor.model.fp8 import quantize_model, scaled_gemm_ok
 from executor.model.kv_cache import PagedKVCache
 from executor.model.live_models import lookup_live_model
 from executor.model.loading import load_checkpoint, random_model
@@ -287,15 +288,27 @@ class Engine:
         return IterationStats(*iteration_row(self.worker_id, start, end, mb))
 
 
-def build_model(name: str, weights: str, device: torch.device, seed: int) -> Transformer:
-    """The served model: the named config with seeded random weights, or a local checkpoint."""
+def build_model(
+    name: str, weights: str, device: torch.device, seed: int, *, quantization: str | None = None
+) -> Transformer:
+    """The served model: the named config with seeded random weights, or a local checkpoint; with
+    `quantization` ('fp8') its linear layers quantized at load (`executor.model.fp8.quantize_model`)."""
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if weights != "random":
-        return load_checkpoint(weights, dtype=dtype, device=device)
-    spec = lookup_live_model(name)
-    family = Family(spec.family)
-    config = tiny(family) if spec.tiny else full_size(family)
-    return random_model(config, dtype=dtype, device=device, seed=seed)
+        model = load_checkpoint(weights, dtype=dtype, device=device)
+    else:
+        spec = lookup_live_model(name)
+        family = Family(spec.family)
+        config = tiny(family) if spec.tiny else full_size(family)
+        model = random_model(config, dtype=dtype, device=device, seed=seed)
+    if quantization is not None:
+        quantize_model(model, quantization)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the bf16 weights the quantized ones replaced
+        if not scaled_gemm_ok(device, dtype):
+            log.warning("--quantization %s on %s (%s): a dequantizing reference path, no speed-up",
+                        quantization, device, dtype)  # fmt: skip
+    return model
 
 
 def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:

@@ -275,7 +275,7 @@ def main() -> int:
         role = layout.roles[args.worker_id]
         if layout.kind is not Kind.COLOCATED:  # join the KV links first: every worker is starting now
             transfers = connect_links(args, layout.roles, device)
-        model = build_model(args.model, args.weights, device, args.seed)
+        model = build_model(args.model, args.weights, device, args.seed, quantization=args.quantization)
         pool = PagePool(args.pages)
         budget = args.prefill_budget if role is Role.PREFILL else args.budget
         batcher = Batcher(

@@ -1,0 +1,184 @@
+"""FP8 (E4M3) linear layers: `--quantization fp8`, vLLM's dynamic FP8 scheme.
+
+Weights are quantized once, at load, with one scale per output channel; activations are quantized at
+every call with one scale per token (row). A value x of a row (or channel) whose largest magnitude is
+amax is stored as round(x / s) in E4M3 with s = max(amax / 448, MIN_SCALE), clamped to +-448 (E4M3's
+largest finite value: torch's cast gives NaN beyond it), and the product is
+
+    y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] * q_w[n, k]  (+ bias[n], in the activation dtype)
+
+On a CUDA device in bf16 the sum runs in Hopper's FP8 tensor cores through `torch._scaled_mm` (cuBLASLt,
+row-wise scales, bf16 out), and one Triton kernel per call quantizes the rows (for the MLP's down
+projection fused with SiLU-and-mul: `executor.model.fp8_kernels`). Everywhere else (CPU, fp32 tests)
+the same quantized values are dequantized and multiplied in the activation dtype: a reference path,
+the same function up to the GEMM's summation order.
+
+E4M3 keeps 3 mantissa bits: a normal value round-trips within 2**-4 of itself (relative), and values
+under 2**-6 * s (E4M3's subnormals) within 2**-10 * s (absolute).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+log = logging.getLogger("sangam.fp8")
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # E4M3's largest finite value
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # vLLM's floor: an all-zero row (graph padding) gets a finite scale
+QUANTIZATIONS = ("fp8",)  # `--quantization` values besides none
+FAST_ACCUM = False  # cuBLASLt's fast FP8 accumulation (no periodic fp32 promotion): benchmarks compare
+TRITON_KERNELS = True  # False: quantize activations with torch ops on CUDA too (benchmarks compare)
+
+
+def scales(x: Tensor) -> Tensor:
+    """fp32 scales (rows, 1) of the rows of `x` (rows, K): their largest magnitude / 448, at least
+    MIN_SCALE."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    return (amax / FP8_MAX).clamp_min(MIN_SCALE)
+
+
+def to_fp8(x: Tensor, scale: Tensor) -> Tensor:
+    """round(x / scale) in E4M3, saturated at +-448 (`scale` broadcasts against `x`)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token quantization of `x` (M, K): E4M3 values (M, K) and fp32 scales (M, 1)."""
+    kernels = _kernels(x)
+    if kernels is not None:
+        return kernels.quantize_rows(x)
+    scale = scales(x)
+    return to_fp8(x, scale), scale
+
+
+def silu_mul_quantize_rows(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """silu(gate) * up of `gate_up` (M, 2I) (gate first), quantized per token: (M, I) E4M3 and (M, 1) fp32.
+
+    The Triton kernel keeps the product in fp32 up to the quantization; torch rounds it to the
+    activation dtype first, as the unquantized MLP does."""
+    kernels = _kernels(gate_up)
+    if kernels is not None:
+        return kernels.silu_mul_quantize_rows(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return quantize_rows(F.silu(gate) * up)
+
+
+def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-output-channel quantization of a weight (N, K): E4M3 values (N, K) and fp32 scales (N,)."""
+    scale = scales(weight)  # (N, 1)
+    return to_fp8(weight, scale), scale.flatten()
+
+
+def dequantize(values: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """`values` (E4M3) times `scale` (broadcast), in `dtype`."""
+    return (values.to(torch.float32) * scale).to(dtype)
+
+
+@functools.cache
+def _triton_kernels() -> Any:
+    try:
+        return importlib.import_module("executor.model.fp8_kernels")
+    except Exception as err:  # no Triton (CPU installs), or it cannot build here: torch ops serve
+        log.info("no Triton FP8 kernels (%s): activations are quantized with torch ops", err)
+        return None
+
+
+def _kernels(x: Tensor) -> Any:
+    """The Triton kernels module when `x` can take them (2-D, CUDA, fp16/bf16/fp32), else None."""
+    if not TRITON_KERNELS or x.device.type != "cuda" or x.dim() != 2 or x.stride(-1) != 1:
+        return None
+    return _triton_kernels()
+
+
+def scaled_gemm_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether activations of `dtype` on `device` take the FP8 tensor-core GEMM: bf16 on a CUDA device of
+    compute capability >= 8.9 (Ada, Hopper and later)."""
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return False
+    return _fp8_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _fp8_capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
+class Fp8Linear(nn.Module):
+    """`nn.Linear` over an E4M3 weight with per-output-channel scales, and a bias kept unquantized."""
+
+    weight: Tensor
+    weight_scale: Tensor
+
+    def __init__(self, weight: Tensor, weight_scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        if weight.dtype != FP8 or weight.dim() != 2 or weight_scale.shape != (weight.shape[0],):
+            raise ValueError("expected an E4M3 weight (N, K) and N fp32 scales")
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale.float().reshape(1, -1).contiguous())  # (1, N)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        weight, scale = quantize_weight(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(weight, scale, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        values, scale = quantize_rows(x.reshape(-1, shape[-1]))
+        return self.gemm(values, scale, x.dtype).view(*shape[:-1], self.out_features)
+
+    def forward_silu_mul(self, gate_up: Tensor) -> Tensor:
+        """This layer applied to silu(gate) * up of `gate_up` (M, 2 * in_features), one quantizing kernel."""
+        values, scale = silu_mul_quantize_rows(gate_up)
+        return self.gemm(values, scale, gate_up.dtype)
+
+    def gemm(self, values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+        """(M, N) in `dtype` from quantized rows (M, K) and their scales (M, 1), plus the bias."""
+        if scaled_gemm_ok(values.device, dtype):
+            out = torch._scaled_mm(
+                values,
+                self.weight.t(),
+                scale_a=scale,
+                scale_b=self.weight_scale,
+                out_dtype=dtype,
+                use_fast_accum=FAST_ACCUM,
+            )
+        else:  # reference: dequantize both sides, multiply in the activation dtype
+            weight = dequantize(self.weight, self.weight_scale.t(), dtype)
+            out = dequantize(values, scale, dtype) @ weight.t()
+        if self.bias is not None:
+            out = out.add_(self.bias)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3, per-channel"
+
+
+def quantize_model(model: nn.Module, method: str) -> nn.Module:
+    """Replace every `nn.Linear` inside `model.layers` (attention q/k/v and output, MLP gate/up and down)
+    by its `Fp8Linear`, in place, one at a time; the LM head, embeddings and norms stay as they are."""
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {method!r}; expected one of {', '.join(QUANTIZATIONS)}")
+    layers = model.get_submodule("layers")
+    for name, module in list(layers.named_modules()):
+        if type(module) is nn.Linear:
+            parent, _, attr = name.rpartition(".")
+            setattr(layers.get_submodule(parent) if parent else layers, attr, Fp8Linear.from_linear(module))
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (what a worker's weights take on its device)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -108,9 +108,14 @@ def testbed_cost_model(
     'analytic', the analytic model of its GPU, unscaled), each iteration then times `time_scale`
     (`--time-scale`)."""
     base, name, profile = unscaled_cost_model(testbed, model, cost, data)
-    scales = testbed.scales(model) if profile is not None else TimeScales()
+    scales = testbed_scales(testbed, model, profile)
     priced, name = scaled_cost_model(base, name, scales.times(time_scale))
     return priced, name, profile
+
+
+def testbed_scales(testbed: Testbed, model: str, profile: Profile | None) -> TimeScales:
+    """The testbed's time scales of `model`: they scale its profile; the analytic model stays unscaled."""
+    return testbed.scales(model) if profile is not None else TimeScales()
 
 
 def unscaled_cost_model(

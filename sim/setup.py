@@ -14,7 +14,13 @@ from typing import Any
 
 from profiles.store import Profile
 from profiles.testbed import Testbed
-from profiles.testbeds import scaled_cost_model, testbed_config, testbed_progress, unscaled_cost_model
+from profiles.testbeds import (
+    scaled_cost_model,
+    testbed_config,
+    testbed_progress,
+    testbed_scales,
+    unscaled_cost_model,
+)
 from runs.config import RunConfig
 from sangam.cost import CostModel, TimeScales
 from sim.options import SimOptions, options_on_testbed
@@ -57,7 +63,7 @@ class Resolver:
             self._unscaled[model] = unscaled_cost_model(self.testbed, model, self.options.cost)
         unscaled, name, profile = self._unscaled[model]
         if scales is None:
-            scales = self.testbed.scales(model) if profile is not None else TimeScales()
+            scales = testbed_scales(self.testbed, model, profile)
         cost, name = scaled_cost_model(unscaled, name, scales.times(self.options.time_scale))
         config = testbed_config(self.testbed, base, profile, given or {})
         spec = testbed_progress(self.testbed, model, base.trace, progress)

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     title = f"testbed {testbed.name} v{testbed.version}, {args.num_requests} requests per point"
-    paths = [PLOTS[name](results, out, title) for name in figures]
+    paths = [path for name in figures for path in PLOTS[name](results, out, title)]
     outcomes = [judge(c, {k: r.summary for k, r in results.items()}) for c in claims]
     write_outcomes(outcomes, out / "claims.csv")
     write_points(results, out / "points.csv")
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         f"seed {args.seed}, in {wall:.0f} s on {jobs} processes ({busy:.0f} s of simulation); "
         f"orderings that hold: {sum(held)} of {len(held)}"
     )
-    print(f"wrote {', '.join(p.name for p in paths)}, claims.csv and points.csv to {out}")
+    stems = ", ".join(dict.fromkeys(p.stem for p in paths))
+    formats = " and ".join(dict.fromkeys(p.suffix for p in paths))
+    print(f"wrote {stems} ({formats}), claims.csv and points.csv to {out}")
     return 0
 
 

@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from calib.claims import judge, outcome_row, read_claims, write_outcomes
     from calib.figures import PLOTS
     from calib.reproduce import ReproduceOptions, run_tasks, tasks
-    from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_path
+    from profiles.testbeds import choose_testbed, testbed_path
     from sim.engines import EngineOptions, local_jobs
+    from sim.setup import Resolver
 
     options = collect(ReproduceOptions, args)
     jobs = local_jobs(collect(EngineOptions, args))
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     figures = list(dict.fromkeys(options.figures))
     claims = [c for c in read_claims() if c.figure in figures]
     work = tasks(source, figures, [p for c in claims for p in c.points], args.num_requests, args.seed)
+    resolver = Resolver(testbed)
     for model in sorted({t.key.model for t in work}):  # refused here, before any point runs
-        testbed_cost_model(testbed, model)
+        resolver.priced(model)
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:

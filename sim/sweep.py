@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from profiles.testbed import Testbed, testbed_dict
-from profiles.testbeds import choose_testbed, testbed_cost_model
+from profiles.testbeds import choose_testbed
 from runs.args import positive_int
 from runs.build import MANIFEST
 from runs.config import RunConfig, load_progress, workload_points
 from runs.options import option
 from runs.tally import Tally, Watcher
-from sangam.cost import CostModel
 from sangam.hardware import MODELS
 from sangam.layout import Kind, parse_mode
 from sim.early_stop import Exceeds
@@ -178,14 +177,15 @@ def grid(
     return points
 
 
-_priced: dict[tuple[str, str, str, float], tuple[CostModel, str]] = {}  # per process: a profile is read once
+_resolvers: dict[tuple[str, str, float], Resolver] = {}  # per process: each profile is read once
 
 
-def _cost_model(testbed: Testbed, model: str, cost: str, time_scale: float) -> tuple[CostModel, str]:
-    key = (json.dumps(testbed_dict(testbed), sort_keys=True), model, cost, time_scale)
-    if key not in _priced:
-        _priced[key] = testbed_cost_model(testbed, model, cost, time_scale=time_scale)[:2]
-    return _priced[key]
+def _resolver(testbed: Testbed, sim: SimOptions) -> Resolver:
+    """The resolver of the points on `testbed` priced as `sim` says (its cost model and time scale)."""
+    key = (json.dumps(testbed_dict(testbed), sort_keys=True), sim.cost, sim.time_scale)
+    if key not in _resolvers:
+        _resolvers[key] = Resolver(testbed, {"cost": sim.cost, "time_scale": sim.time_scale})
+    return _resolvers[key]
 
 
 def run_point(point: Point) -> dict[str, Any]:
@@ -196,7 +196,7 @@ def run_point(point: Point) -> dict[str, Any]:
 
     cfg = point.config
     testbed = point.testbed or choose_testbed(None, cfg.gpu)
-    cost, cost_name = _cost_model(testbed, cfg.model, point.sim.cost, point.sim.time_scale)
+    cost, cost_name, _ = _resolver(testbed, point.sim).priced(cfg.model)
     ((cfg, rows),) = workload_points(cfg, [cfg.qps])
     result = simulate(
         cfg,

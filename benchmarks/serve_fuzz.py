@@ -1,6 +1,7 @@
 """Fuzz beside a steady good load: `sangam serve` under hostile requests from several threads.
 
-Run: python -m benchmarks.serve_fuzz [--seconds 30] [--threads 4] [--rate 2] [--seed 0] [-- SERVE ARGS]
+Run: python -m benchmarks.serve_fuzz [--seconds 30] [--threads 4] [--rate 2] [--seed 0] [--only NAME...]
+     [-- SERVE ARGS]
 
 Starts `sangam serve --workers 1 --mask-len 128` (the tiny CPU model) on a free port, SERVE ARGS added,
 its output and process logs kept in a temporary directory, and runs two phases of `--seconds` each:
@@ -15,8 +16,9 @@ process of their own, so that they do not slow the good load's or `/health`'s cl
 requests' counts by category and answer (the HTTP status; for a raw connection `closed`, `reset` or
 `silent` when no status line came back within 15 s) and the slowest answer of each, the 5xx answers, the
 tracebacks in the server's logs, the good load's completions and latency (median, p90, max) in each
-phase, `/health`'s worst answer time in each phase, and the resident memory of the serve process (and of
-its scheduler and workers) before and after the fuzz phase.
+phase, `/health`'s worst answer time in each phase, the CPU seconds the serve process and its scheduler
+and workers used in each, the load average, and the resident memory of the serve process (and of its
+scheduler and workers) before and after the fuzz phase.
 
 Categories: the bodies of `serve_hostile` that stalled the server before its bounds (a 1 MB stop string,
 100,000 stop strings, 170,000 messages, 300,000 content parts, a 4 MB prompt, 1,000,000 prompt ids, an
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import signal
 import socket
@@ -218,11 +221,13 @@ class Answers:
     slowest_s: float = 0.0
 
 
-def fuzz(target: Target, threads: int, seconds: float, seed: int) -> dict[str, Answers]:
-    """Hostile requests from `threads` threads until `seconds` have passed: each category's answers.
-    (`main` runs it in a process of its own.)"""
+def fuzz(
+    target: Target, threads: int, seconds: float, seed: int, only: list[str] | None = None
+) -> dict[str, Answers]:
+    """Hostile requests (of the categories `only`, if given) from `threads` threads until `seconds`
+    have passed: each category's answers. (`main` runs it in a process of its own.)"""
     table = cases()
-    names = sorted(table)
+    names = sorted(only or table)
     answers: dict[str, Answers] = defaultdict(Answers)
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
@@ -279,22 +284,48 @@ def memory(pid: int) -> str:
     return f"serve {rss_mb(pid):.0f} MB, its {len(kids)} processes {sum(rss_mb(k) for k in kids):.0f} MB"
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Where a phase began or ended: the instant, and the CPU seconds used by then."""
+
+    at: float
+    serve_cpu_s: float
+    others_cpu_s: float  # the scheduler's and the workers'
+
+    @staticmethod
+    def now(pid: int) -> Phase:
+        return Phase(time.monotonic(), cpu_s(pid), sum(cpu_s(k) for k in children(pid)))
+
+
 def tracebacks(logs: Path) -> int:
     """Tracebacks written to the logs under `logs`."""
     found = (f.read_text(errors="replace") for f in logs.rglob("*.log"))
     return sum(text.count("Traceback (most recent call last)") for text in found)
 
 
-def latency_line(name: str, load: GoodLoad, prober: Prober, start: float, end: float) -> str:
+def phase_line(name: str, load: GoodLoad, prober: Prober, start: Phase, end: Phase) -> str:
     lat = sorted(load.latencies)
-    if not lat:
-        return f"{name:<6} no good request completed; failures {dict(load.failures)}"
-    p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
     failed = sum(load.failures.values())
+    cpu = (
+        f"CPU s: serve {end.serve_cpu_s - start.serve_cpu_s:.1f}, scheduler and workers "
+        f"{end.others_cpu_s - start.others_cpu_s:.1f}"
+    )
+    if not lat:
+        return f"{name:<6} no good request completed; failures {dict(load.failures)}; {cpu}"
+    p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
     return (
         f"{name:<6} good {len(lat):>4} done {failed:>3} failed {dict(load.failures) if failed else ''}  "
-        f"latency median {statistics.median(lat) * 1e3:7.1f} ms  p90 {p90 * 1e3:7.1f} ms  "
-        f"max {lat[-1] * 1e3:7.1f} ms  /health worst {prober.worst(start, end) * 1e3:7.1f} ms"
+        f"latency median {statistics.median(lat) * 1e3:.1f} ms, p90 {p90 * 1e3:.1f} ms, "
+        f"max {lat[-1] * 1e3:.1f} ms; /health worst {prober.worst(start.at, end.at) * 1e3:.1f} ms; {cpu}"
     )
 
 
@@ -306,6 +337,7 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=4, help="fuzzing threads")
     parser.add_argument("--rate", type=positive_float, default=2.0, help="good requests per second")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(cases()), help="these alone")
     parser.add_argument("extra", nargs="*", help="after --: arguments for sangam serve")
     args = parser.parse_args()
     target = Target("127.0.0.1", free_port())
@@ -319,18 +351,18 @@ def main() -> None:
         wait_healthy(server, target.url, STARTUP_S, "serve_fuzz")
         prober.thread.start()
         calm = GoodLoad(target, args.rate)
-        calm_start = time.monotonic()
+        calm_start = Phase.now(server.pid)
         calm.run(args.seconds)
-        calm_end = time.monotonic()
+        calm_end = Phase.now(server.pid)
         before = memory(server.pid)
         load = GoodLoad(target, args.rate)
         good = threading.Thread(target=load.run, args=(args.seconds,))
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fuzzer:
-            hostile = fuzzer.submit(fuzz, target, args.threads, args.seconds, args.seed)
+            hostile = fuzzer.submit(fuzz, target, args.threads, args.seconds, args.seed, args.only)
             good.start()
             answers = hostile.result()
         good.join()
-        fuzz_end = time.monotonic()
+        fuzz_end = Phase.now(server.pid)
         after = memory(server.pid)
     finally:
         prober.stop.set()
@@ -349,9 +381,10 @@ def main() -> None:
     print(f"hostile requests {sum(total.values())} from {args.threads} threads in {args.seconds:g} s: "
           + ", ".join(f"{a} x{n}" for a, n in sorted(total.items())))  # fmt: skip
     print(f"5xx answers {fives}; tracebacks in the server's logs {tracebacks(logs)} ({logs})")
-    print(latency_line("calm", calm, prober, calm_start, calm_end))
-    print(latency_line("fuzz", load, prober, calm_end, fuzz_end))
+    print(phase_line("calm", calm, prober, calm_start, calm_end))
+    print(phase_line("fuzz", load, prober, calm_end, fuzz_end))
     print(f"memory before the fuzz: {before}; after: {after}")
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     if prober.failures:
         print(f"/health failed {prober.failures} times")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from checkpoints import dream_checkpoint
 from executor_helpers import save_checkpoint
 from live_helpers import subprocess_env
 from serve_helpers import TOKENIZER, start_serve, wait_http  # tests/ (conftest.py's folder) is on sys.path
 
+from benchmarks.checkpoint_layouts import dream_checkpoint
 from executor.model.config import Family, tiny
 from executor.model.loading import random_model
 from executor.run.ports import free_port

@@ -1,6 +1,6 @@
-"""Checkpoints as downloaded (tiny, in the two repositories' layouts: tests/checkpoints.py): what our reader
-takes from them (stops, context window), their tokenizers with and without remote code, and whole
-generations against a straightforward loop of each model's own block generation."""
+"""Checkpoints as downloaded (tiny, in the two repositories' layouts: benchmarks/checkpoint_layouts.py): what
+our reader takes from them (stops, context window), their tokenizers with and without remote code, and
+whole generations against a straightforward loop of each model's own block generation."""
 
 from __future__ import annotations
 
@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import Checkpoint, dream_checkpoint, llada_checkpoint  # tests/ (conftest.py's folder)
 from executor_helpers import dense_attention
 from torch import Tensor
 
+from benchmarks.checkpoint_layouts import (
+    Checkpoint,
+    dream_checkpoint,
+    full_real,
+    hf_tensors,
+    llada_checkpoint,
+)
 from executor.control.messages import BlockWork
 from executor.model.attention import TorchAttention
 from executor.model.config import Family
@@ -61,6 +67,25 @@ def test_the_layouts_are_the_repositories(written: dict[Family, Checkpoint]) -> 
         assert "auto_map" in json.loads((directory / "config.json").read_text())
         index = json.loads((directory / "model.safetensors.index.json").read_text())
         assert set(index["weight_map"].values()) == {p.name for p in directory.glob("model-*.safetensors")}
+
+
+@pytest.mark.parametrize(
+    ("family", "parameters", "first", "last"),
+    [
+        (Family.LLADA, 8_015_581_184, "model.transformer.wte.weight", "model.transformer.ff_out.weight"),
+        (Family.DREAM, 7_615_616_512, "model.embed_tokens.weight", "lm_head.weight"),
+    ],
+)
+def test_the_full_size_layouts_hold_the_published_models_tensors(
+    family: Family, parameters: int, first: str, last: str
+) -> None:
+    # 8.02B parameters (LLaDA-8B-Instruct's model card); Dream-7B has Qwen2.5-7B's shapes, 7,615,616,512
+    config = full_real(family)
+    tensors = hf_tensors(config)  # shapes only: nothing is allocated
+    assert sum(t.shape.numel() for t in tensors) == parameters
+    assert len({t.name for t in tensors}) == len(tensors)
+    assert sum(t.norm for t in tensors) == 2 * config.shape.layers + 1
+    assert (tensors[0].name, tensors[-1].name) == (first, last)  # the repositories' order: embedding first
 
 
 @pytest.mark.parametrize("family", list(Family))

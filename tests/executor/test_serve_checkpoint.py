@@ -12,11 +12,11 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from checkpoints import dream_checkpoint
 from executor_helpers import save_checkpoint
 from live_helpers import subprocess_env
 from serve_helpers import TOKENIZER, start_serve, wait_http  # tests/ (conftest.py's folder) is on sys.path
 
+from benchmarks.checkpoint_layouts import dream_checkpoint
 from executor.model.config import Family, tiny
 from executor.model.loading import random_model
 from executor.run.ports import free_port
@@ -73,8 +73,8 @@ def test_dream_as_downloaded_needs_trust_remote_code_and_serves_with_it(tmp_path
         text = reply.choices[0].message.content or ""
         assert "<|im_end|>" not in text and "<|endoftext|>" not in text and "<|mask|>" not in text
         with pytest.raises(openai.BadRequestError, match="context window of 256 tokens"):
-            client.completions.create(model=str(checkpoint), prompt=[5] * (256 - 64 + 1), max_tokens=8)
-        client.completions.create(model=str(checkpoint), prompt=[5] * (256 - 64), max_tokens=8)
+            client.completions.create(model=str(checkpoint), prompt=[5] * (256 - 64 + 1), max_tokens=64)
+        client.completions.create(model=str(checkpoint), prompt=[5] * (256 - 64), max_tokens=64)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0

@@ -1,7 +1,7 @@
-"""A stand-in, written for Sangam's tests, for the `tokenization_dream.py` that Dream's repository ships: a
-byte-level BPE read from `vocab.json` and `merges.txt`, the added tokens from `added_tokens.json` and
-tokenizer_config.json. Loading it takes `trust_remote_code=True`, as the real one does; it is not Dream's
-code and shares none of it (no pre-tokenization regex: a text is one word).
+"""A stand-in, written for Sangam's tests and benchmarks, for the `tokenization_dream.py` that Dream's
+repository ships: a byte-level BPE read from `vocab.json` and `merges.txt`, the added tokens from
+`added_tokens.json` and tokenizer_config.json. Loading it takes `trust_remote_code=True`, as the real one
+does; it is not Dream's code and shares none of it (no pre-tokenization regex: a text is one word).
 """
 
 from __future__ import annotations

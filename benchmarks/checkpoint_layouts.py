@@ -1,33 +1,35 @@
-"""Tiny checkpoints laid out file for file as the two Hugging Face repositories are, written in a test's
-tmp_path (nothing binary is committed): GSAI-ML/LLaDA-8B-Instruct and Dream-org/Dream-v0-Instruct-7B.
+"""Checkpoints laid out file for file as the two Hugging Face repositories are, written where a test or a
+benchmark asks (nothing binary is committed): GSAI-ML/LLaDA-8B-Instruct and Dream-org/Dream-v0-Instruct-7B.
 
 Each has the repository's config.json keys (`auto_map` included), generation_config.json, a safetensors
-index over several shards in bf16, the real vocabulary size and special token ids, and its tokenizer's own
-files: LLaDA a fast tokenizer (tokenizer.json, tokenizer_config.json with the chat template,
-special_tokens_map.json); Dream a slow one that needs remote code (vocab.json, merges.txt,
+index over as many shards as the repository has, in bf16, the real vocabulary size and special token ids,
+and its tokenizer's own files: LLaDA a fast tokenizer (tokenizer.json, tokenizer_config.json with the chat
+template, special_tokens_map.json); Dream a slow one that needs remote code (vocab.json, merges.txt,
 added_tokens.json, tokenizer_config.json whose `auto_map` names `tokenization_dream.DreamTokenizer`, and
 that module: ours, `checkpoint_code/tokenization_dream.py`, standing in for Dream's). The remote-code
 modules of the models (`configuration_*.py`, `modeling_*.py`) are stand-ins too; the modeling one fails
-when imported, since Sangam must never run it.
+when imported, since Sangam must never run it. The tokenizer is a byte-level BPE of a few hundred tokens
+standing in for the real ones; the model's vocabulary stays the real size, so the special ids are real.
 
-Only the shapes are tiny (2 layers, hidden 32): the embedding and head keep the full vocabulary, so the
-special ids are the real ones.
+The shapes are a parameter: the tests' tiny ones (`tiny_real`: 2 layers, hidden 32) or the real ones
+(`full_real`: LLaDA-8B, Dream-7B). Weights are drawn shard by shard in bf16 on the device given (a GPU
+writes an 8B checkpoint in seconds), so at most one shard's tensors exist at a time.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from executor_helpers import checkpoint_tensors  # tests/executor (conftest.py puts it on sys.path)
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from executor.model.config import TRAITS, Family, ModelConfig
-from executor.model.loading import random_model
+from executor.model.checkpoint import checkpoint_names
+from executor.model.config import TRAITS, Family, ModelConfig, full_size
+from executor.model.transformer import Transformer
 from sangam.hardware import ModelSpec
 
 CODE = Path(__file__).resolve().parent / "checkpoint_code"
@@ -64,6 +66,7 @@ DREAM_TEMPLATE = (  # ChatML with a default system turn, as Qwen2.5's and Dream'
 LLADA_VOCAB, DREAM_VOCAB = 126464, 152064
 LLADA_CONTEXT = 4096  # max_sequence_length
 DREAM_POSITIONS = 131072  # max_position_embeddings (Qwen2.5's; Dream documents 2,048)
+WEIGHT_DTYPE = torch.bfloat16  # both repositories' torch_dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +75,20 @@ class Checkpoint:
     config: ModelConfig  # what the weights were made from (context and stops as our reader should find them)
 
 
-def tiny_real(family: Family) -> ModelConfig:
-    """The family's tiny shapes with its real vocabulary and ids."""
+@dataclass(frozen=True, slots=True)
+class HfTensor:
+    name: str  # the repository's tensor name
+    shape: torch.Size
+    norm: bool  # a norm's weight: ones, as a freshly initialised model has
+
+
+def tiny_real(family: Family, *, head_dim: int = 8) -> ModelConfig:
+    """The family's tiny shapes (2 layers, 4 query heads of `head_dim`) with its real vocabulary and ids."""
     traits = TRAITS[family]
     shape = ModelSpec(
-        f"{family}-tiny-real", layers=2, hidden=32, heads=4, kv_heads=4 if family is Family.LLADA else 2,
-        head_dim=8, intermediate=64, vocab=LLADA_VOCAB if family is Family.LLADA else DREAM_VOCAB,
-        qkv_bias=family is Family.DREAM,
+        f"{family}-tiny-real", layers=2, hidden=4 * head_dim, heads=4,
+        kv_heads=4 if family is Family.LLADA else 2, head_dim=head_dim, intermediate=8 * head_dim,
+        vocab=LLADA_VOCAB if family is Family.LLADA else DREAM_VOCAB, qkv_bias=family is Family.DREAM,
     )  # fmt: skip
     return ModelConfig(
         family=family, shape=shape, rms_eps=traits.rms_eps, rope_theta=traits.rope_theta,
@@ -86,9 +96,23 @@ def tiny_real(family: Family) -> ModelConfig:
     )  # fmt: skip
 
 
-def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
-    """GSAI-ML/LLaDA-8B-Instruct's layout: 6 shards, a fast tokenizer."""
-    config = tiny_real(Family.LLADA)
+def full_real(family: Family) -> ModelConfig:
+    """LLaDA-8B's or Dream-7B's shapes, with the context window the model documents."""
+    return replace(full_size(family), context_len=TRAITS[family].context_len)
+
+
+def llada_checkpoint(
+    directory: Path,
+    config: ModelConfig | None = None,
+    *,
+    seed: int = 0,
+    std: float = 0.5,
+    device: str | torch.device = "cpu",
+) -> Checkpoint:
+    """GSAI-ML/LLaDA-8B-Instruct's layout: 6 shards, a fast tokenizer; `config`'s shapes (the tiny ones
+    by default), weights N(0, `std`) drawn on `device` (0.5: peaked enough for tiny models to commit
+    early)."""
+    config = config or tiny_real(Family.LLADA)
     shape = config.shape
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", {
@@ -116,7 +140,7 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
         "_from_model_config": True, "bos_token_id": 126080, "eos_token_id": 126081, "pad_token_id": 126081,
         "transformers_version": "4.46.3",
     })  # fmt: skip
-    write_shards(directory, config, shards=6, seed=seed)
+    write_shards(directory, config, shards=6, seed=seed, std=std, device=device)
     write_model_code(directory, "llada", "LLaDAConfig", "llada")
     tokenizer = byte_bpe_tokenizer()
     serialized = json.loads(tokenizer.to_str())
@@ -137,9 +161,17 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     return Checkpoint(directory, config)
 
 
-def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
-    """Dream-org/Dream-v0-Instruct-7B's layout: 4 shards, a slow tokenizer that needs remote code."""
-    config = tiny_real(Family.DREAM)
+def dream_checkpoint(
+    directory: Path,
+    config: ModelConfig | None = None,
+    *,
+    seed: int = 0,
+    std: float = 0.5,
+    device: str | torch.device = "cpu",
+) -> Checkpoint:
+    """Dream-org/Dream-v0-Instruct-7B's layout: 4 shards, a slow tokenizer that needs remote code; the
+    shapes and weights as `llada_checkpoint`'s."""
+    config = config or tiny_real(Family.DREAM)
     shape = config.shape
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", {
@@ -160,7 +192,7 @@ def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
         "bos_token_id": 151643, "eos_token_id": 151643, "mask_token_id": 151666, "pad_token_id": 151643,
         "transformers_version": "4.46.2",
     })  # fmt: skip
-    write_shards(directory, config, shards=4, seed=seed)
+    write_shards(directory, config, shards=4, seed=seed, std=std, device=device)
     write_model_code(directory, "dream", "DreamConfig", "Dream")
     vocab = json.loads(byte_bpe_tokenizer().to_str())["model"]["vocab"]
     write_json(directory / "vocab.json", vocab)
@@ -186,22 +218,50 @@ def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     return Checkpoint(directory, config)
 
 
-def write_shards(directory: Path, config: ModelConfig, *, shards: int, seed: int) -> None:
-    """The weights in HF names, bf16, split over `shards` files with model.safetensors.index.json."""
-    model = random_model(config, dtype=torch.float32, seed=seed, std=0.5)  # peaked enough to commit early
-    tensors = {name: t.to(torch.bfloat16).contiguous() for name, t in checkpoint_tensors(model).items()}
-    names = list(tensors)  # the model's own order: embedding, layers, norm, head
-    weight_map = {}
+def write_shards(
+    directory: Path, config: ModelConfig, *, shards: int, seed: int, std: float, device: str | torch.device
+) -> None:
+    """The weights in the repository's names and order, bf16, split over `shards` files with
+    model.safetensors.index.json; each shard's tensors are drawn on `device`, written, then dropped."""
+    tensors = hf_tensors(config)
+    generator = torch.Generator(device).manual_seed(seed)
+    weight_map: dict[str, str] = {}
     for shard in range(shards):
         file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[shard * len(names) // shards : (shard + 1) * len(names) // shards]
-        save_file({name: tensors[name] for name in part}, directory / file, metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(part, file)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
+        part = tensors[shard * len(tensors) // shards : (shard + 1) * len(tensors) // shards]
+        weights = {t.name: random_weight(t, std, generator, device).cpu() for t in part}
+        save_file(weights, directory / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(weights, file)
+    total = sum(t.shape.numel() * WEIGHT_DTYPE.itemsize for t in tensors)
     write_json(
         directory / "model.safetensors.index.json",
         {"metadata": {"total_size": total}, "weight_map": weight_map},
     )
+
+
+def hf_tensors(config: ModelConfig) -> list[HfTensor]:
+    """The checkpoint's tensors in the repository's order: embedding, layers, final norm, head."""
+    with torch.device("meta"):
+        state = Transformer(config).state_dict()
+    q, kv = config.shape.heads * config.shape.head_dim, config.shape.kv_heads * config.shape.head_dim
+    names = checkpoint_names(config)  # ours -> the repository's names, fused along dim 0
+    last = ("norm.weight", "lm_head.weight")
+    tensors = []
+    for ours in [*(name for name in names if name not in last), *last]:
+        sources = names[ours]
+        sizes = [q, kv, kv] if ".qkv." in ours else [len(state[ours]) // len(sources)] * len(sources)
+        for name, part in zip(sources, state[ours].split(sizes), strict=True):
+            tensors.append(HfTensor(name, part.shape, norm=ours.endswith("norm.weight")))
+    return tensors
+
+
+def random_weight(
+    tensor: HfTensor, std: float, generator: torch.Generator, device: str | torch.device
+) -> torch.Tensor:
+    if tensor.norm:
+        return torch.ones(tensor.shape, dtype=WEIGHT_DTYPE, device=device)
+    weight = torch.empty(tensor.shape, dtype=WEIGHT_DTYPE, device=device)
+    return weight.normal_(0.0, std, generator=generator)
 
 
 def write_model_code(directory: Path, family: str, config_class: str, model_type: str) -> None:

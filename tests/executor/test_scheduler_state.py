@@ -142,6 +142,8 @@ def test_a_request_asking_for_logprobs_gets_every_blocks_in_order_and_others_non
     assert asking.state.status is RequestStatus.DONE and asking.state.logprobs == scores(0) + scores(1)
     assert len(asking.state.logprobs.token) == len(asking.state.token_ids) == 64
     assert other.state.status is RequestStatus.DONE and other.state.logprobs is None
+    refused = core.submit(Submission(PROMPT, gen_len=32, sampling=Sampling(logprobs=21))).state
+    assert refused.error == "log-prob alternatives must lie in [0, 20], got 21" and refused.logprobs is None
 
 
 def test_a_transfer_given_up_fails_the_request_and_gives_both_ends_pages_back_to_the_tally() -> None:

@@ -105,15 +105,15 @@ def unmask(
         thresholds.append(step.params.threshold if left is None else torch.inf)
         firsts.append(first_at_refresh and left is None and step.step == 0 and first_masked)
     device = logits.device
-    tokens = _to_device(host, device)
-    quota = _to_device(torch.tensor(quotas)[:, None], device)
-    threshold = _to_device(torch.tensor(thresholds)[:, None], device)
+    tokens = to_device(host, device)
+    quota = to_device(torch.tensor(quotas)[:, None], device)
+    threshold = to_device(torch.tensor(thresholds)[:, None], device)
     masked = tokens == mask_id
     logprobs = log_probs(logits, mask_id)
     proposal, confidence = propose(logits, mask_id, steps, logprobs)
     commit = masked & (top_commits(confidence.masked_fill(~masked, -1.0), quota) | (confidence >= threshold))
     if any(firsts):
-        only_first = _to_device(torch.tensor(firsts)[:, None], device)
+        only_first = to_device(torch.tensor(firsts)[:, None], device)
         at_start = torch.arange(commit.shape[-1], device=device) == 0
         commit = torch.where(only_first, at_start.expand_as(commit), commit)
     return Unmasked(torch.where(commit, proposal, tokens), logprobs)
@@ -162,7 +162,7 @@ def top_commits(confidence: Tensor, count: Tensor) -> Tensor:
     return rank < count
 
 
-def _to_device(host: Tensor, device: torch.device) -> Tensor:
+def to_device(host: Tensor, device: torch.device) -> Tensor:
     """A copy that does not wait for the work queued on the GPU (pinned, asynchronous)."""
     if device.type != "cuda":
         return host.to(device)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from executor.control.messages import Logprobs
+from executor.model.sampler import to_device
 from sangam.hardware import BLOCK
 
 
@@ -34,7 +35,7 @@ class ForwardScores:
     def launch(cls, logprobs: Tensor, tokens: Tensor, rows: Sequence[int], top: int) -> ForwardScores:
         """Queue the work on the logits' device (`logprobs` (N, 32, vocab), `tokens` (N, 32) the new
         block tokens) for `rows`, with `top` alternatives each; `host` copies them back."""
-        index = torch.tensor(rows, device=logprobs.device)
+        index = to_device(torch.tensor(rows), logprobs.device)
         picked, chosen = logprobs.index_select(0, index), tokens.index_select(0, index)
         token = picked.gather(-1, chosen[..., None]).squeeze(-1)
         top_logprobs, top_ids = picked.topk(top, dim=-1)

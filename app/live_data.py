@@ -27,7 +27,7 @@ from sim.cluster import LinkSpec
 from sim.options import options_on_testbed
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
-REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "e2el", "queue", "decode")
+REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "seq_len", "e2el", "queue", "decode")
 BLOCK_NEEDS = ("request_id", "block", "forwards")
 COMPARED = (
     *(f"{stat}_{metric}_ms" for metric in METRICS for stat in ("mean", "median", "p99")),
@@ -101,7 +101,9 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
     """The live run's requests in arrival order; each block's forwards too when blocks.csv is given.
 
     A request that stopped early (real weights commit EOS) ran fewer blocks than its output length
-    asks for; its output length becomes 32 tokens per block run, so the sim does the same work.
+    asks for; its output length becomes 32 tokens per block run, so the sim does the same work. Each
+    row's max_tokens is the request's own mask buffer (`seq_len - prompt_len`), which a server sizes
+    per request.
     """
     steps: dict[int, tuple[int, ...]] = {}
     if run.blocks is not None:
@@ -121,7 +123,8 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
             output_len = int(req.output_len)
             if plan is not None and len(plan) != -(-output_len // 32):
                 output_len = 32 * len(plan)
-            rows.append(TraceRow(int(req.prompt_len), output_len, float(req.arrival), plan))
+            mask_len = int(req.seq_len) - int(req.prompt_len)
+            rows.append(TraceRow(int(req.prompt_len), output_len, float(req.arrival), plan, mask_len))
     except ValueError as err:
         raise InputError(f"requests.csv: {err}") from None
     return tuple(rows)

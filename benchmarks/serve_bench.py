@@ -85,10 +85,12 @@ def trace(n: int, qps: float, seed: int, max_prompt: int, mask_len: int) -> list
 
 
 def write_trace(path: Path, rows: list[tuple[float, int, int]]) -> None:
+    """The rows as a trace file whose max_tokens is each output length, as the HTTP run asks: the
+    replay then sizes each request's mask buffer as the server does."""
     with path.open("w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["arrival_time", "prompt_len", "output_len"])
-        out.writerows([f"{a:.6f}", p, o] for a, p, o in rows)
+        out.writerow(["arrival_time", "prompt_len", "output_len", "max_tokens"])
+        out.writerows([f"{a:.6f}", p, o, o] for a, p, o in rows)
 
 
 def sangam(*args: str) -> list[str]:

@@ -15,7 +15,7 @@ from sangam.budget import BatchConfig, Policy
 from sangam.hardware import GPUS, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
 from sangam.progress import ProgressModel, default_progress
-from sangam.request import Request
+from sangam.request import Request, response_region
 from sangam.workload import (
     MASK_LEN,
     TraceRow,
@@ -67,7 +67,8 @@ class RunConfig:
         "--qps)", parse=positive_float, default_text="no clip",
     )  # fmt: skip
     mask_len: int | None = option(
-        None, "mask buffer in tokens, a multiple of 32", parse=positive_int,
+        None, "mask buffer in tokens, a multiple of 32: every request's, or the largest allowed where a "
+        "request sizes its own (a trace's max_tokens column, serve's max_tokens)", parse=positive_int,
         default_text="1024 for ShareGPT and trace files, 512 for arXiv",
     )  # fmt: skip
     budget: int = option(1024, "tau: token budget per iteration of colocated and decode-role workers",
@@ -180,7 +181,8 @@ def with_arrival_times(cfg: RunConfig, rows: Sequence[TraceRow]) -> list[TraceRo
 def build_requests(
     cfg: RunConfig, rows: Sequence[TraceRow], progress: ProgressModel | None = None
 ) -> list[Request]:
-    """Requests with every block's forwards fixed up front (the trace's, else drawn)."""
+    """Requests with every block's forwards fixed up front (the trace's, else drawn), each with its mask
+    buffer (`mask_len_of`)."""
     progress = progress or default_progress(cfg.model, cfg.trace if cfg.is_synthetic else "sharegpt")
     rng = cfg.rng("progress")
     pages = cfg.kv_pages
@@ -189,18 +191,33 @@ def build_requests(
         assert row.arrival_time is not None
         n_blocks = -(-row.output_len // 32)
         steps = row.steps if row.steps is not None else progress.plan(n_blocks, rng)
-        if row.output_len > cfg.mask_tokens:
-            raise ValueError(
-                f"request {i}: {row.output_len} output tokens do not fit the {cfg.mask_tokens}-token mask"
-                " buffer (raise --mask-len)"
-            )
-        req = Request(i, row.arrival_time, row.prompt_len, row.output_len, cfg.mask_tokens, steps)
+        req = Request(i, row.arrival_time, row.prompt_len, row.output_len, mask_len_of(cfg, row, i), steps)
         if req.pages > pages:
             raise ValueError(
                 f"request {i}: {req.seq_len} tokens need {req.pages} KV pages, a worker holds {pages}"
             )
         requests.append(req)
     return requests
+
+
+def mask_len_of(cfg: RunConfig, row: TraceRow, index: int) -> int:
+    """Request `index`'s mask buffer, in a simulated and a live run alike: its `max_tokens` rounded up to
+    whole blocks when the trace gives one, else the fixed `--mask-len`, which is also the largest allowed;
+    ValueError (one line) if the request does not fit it."""
+    if row.max_tokens is None:
+        if row.output_len > cfg.mask_tokens:
+            raise ValueError(
+                f"request {index}: {row.output_len} output tokens do not fit the {cfg.mask_tokens}-token "
+                "mask buffer (raise --mask-len)"
+            )
+        return cfg.mask_tokens
+    mask_len = response_region(row.max_tokens)
+    if mask_len > cfg.mask_tokens:
+        raise ValueError(
+            f"request {index}: max_tokens {row.max_tokens} needs a {mask_len}-token mask buffer, beyond "
+            f"--mask-len {cfg.mask_tokens} (raise --mask-len)"
+        )
+    return mask_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """Trace files: read and write requests as CSV or JSON Lines, validating every field.
 
-CSV has a header row naming `prompt_len` and `output_len` (required), `arrival_time` and `steps`
-(optional; block step counts separated by `;` or spaces). JSON Lines has one object per line with
-the same keys (`steps` a list). Rows are requests in arrival order: arrival times, if given, are
-non-negative, non-decreasing, and given on every row or on none. Every problem raises `TraceError`
-with one line naming the file and the line.
+CSV has a header row naming `prompt_len` and `output_len` (required), `arrival_time`, `steps`
+(block step counts separated by `;` or spaces) and `max_tokens` (what the client asked for at most:
+the request's mask buffer is it rounded up to whole blocks; at least `output_len`), all optional.
+JSON Lines has one object per line with the same keys (`steps` a list). Rows are requests in arrival
+order: arrival times, if given, are non-negative, non-decreasing, and given on every row or on none.
+Every problem raises `TraceError` with one line naming the file and the line.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 from sangam.workload import TraceRow, check_steps
 
 REQUIRED = ("prompt_len", "output_len")
-OPTIONAL = ("arrival_time", "steps")
-COLUMNS = ("arrival_time", "prompt_len", "output_len", "steps")
+OPTIONAL = ("arrival_time", "steps", "max_tokens")
+COLUMNS = ("arrival_time", "prompt_len", "output_len", "steps", "max_tokens")
 CSV_SUFFIXES = (".csv",)
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -69,10 +70,13 @@ def read_trace(path: Path | str) -> list[TraceRow]:
 
 
 def write_trace(path: Path | str, rows: Sequence[TraceRow]) -> None:
-    """Write `rows` as CSV: arrival_time (empty when unknown), prompt_len, output_len, and steps if any."""
+    """Write `rows` as CSV: arrival_time (empty when unknown), prompt_len, output_len, and steps and
+    max_tokens if any row has them."""
     path = Path(path)
     with_steps = any(r.steps is not None for r in rows)
+    with_max = any(r.max_tokens is not None for r in rows)
     header = ["arrival_time", "prompt_len", "output_len"] + (["steps"] if with_steps else [])
+    header += ["max_tokens"] if with_max else []
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
@@ -81,6 +85,8 @@ def write_trace(path: Path | str, rows: Sequence[TraceRow]) -> None:
             cells = [arrival, str(r.prompt_len), str(r.output_len)]
             if with_steps:
                 cells.append("" if r.steps is None else ";".join(map(str, r.steps)))
+            if with_max:
+                cells.append("" if r.max_tokens is None else str(r.max_tokens))
             writer.writerow(cells)
 
 
@@ -203,7 +209,9 @@ def _to_row(fields: dict[str, Any], text: bool) -> TraceRow:
     steps = _steps(fields.get("steps"), text)
     if steps is not None:
         check_steps(steps, output)
-    return TraceRow(prompt, output, arrival, steps)
+    given = fields.get("max_tokens")
+    max_tokens = None if given is None or (text and given == "") else _length("max_tokens", given, text)
+    return TraceRow(prompt, output, arrival, steps, max_tokens)
 
 
 def _parse_int(value: Any, text: bool) -> int | None:

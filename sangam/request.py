@@ -3,6 +3,9 @@
 Every block starts with a prefill over all `seq_len` tokens (the block's first denoising
 forward), then runs decode steps of 32 tokens until the block's planned number of
 forwards is done; its KV pages are freed when the block ends.
+
+A request's mask buffer (its response region) is its own: its `max_tokens` rounded up to whole
+blocks (`response_region`), or a fixed buffer for every request (the paper's runs).
 """
 
 from __future__ import annotations
@@ -10,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sangam.hardware import BLOCK, pages_for
+
+
+def response_region(max_tokens: int) -> int:
+    """The mask buffer of a request that may generate `max_tokens` tokens: whole blocks, as LLaDA's and
+    Dream's own generation size the response."""
+    return BLOCK * -(-max_tokens // BLOCK)
 
 
 @dataclass(slots=True)

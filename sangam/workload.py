@@ -24,19 +24,25 @@ class TraceRow:
     """One request of a trace: lengths in tokens, arrival in seconds (None: to be drawn).
 
     `steps`, when given, is the number of denoising forwards of each 32-token block, each in
-    [1, 32], one per block: `ceil(output_len / 32)` of them.
+    [1, 32], one per block: `ceil(output_len / 32)` of them. `max_tokens`, when given, is what the
+    client asked for at most (at least `output_len`): the request's mask buffer is it rounded up to
+    whole blocks (`sangam.request.response_region`) instead of the run's fixed one.
     """
 
     prompt_len: int
     output_len: int
     arrival_time: float | None = None
     steps: tuple[int, ...] | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("prompt_len", "output_len"):
+        given = ("max_tokens",) if self.max_tokens is not None else ()
+        for name in ("prompt_len", "output_len", *given):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_tokens is not None and self.max_tokens < self.output_len:
+            raise ValueError(f"max_tokens {self.max_tokens} is less than output_len {self.output_len}")
         if self.arrival_time is not None and not (
             math.isfinite(self.arrival_time) and self.arrival_time >= 0
         ):
@@ -224,7 +230,7 @@ def with_arrivals(
         if row.arrival_time is None:
             now += _gap(qps, cv, rng, clip)
             row = TraceRow(
-                row.prompt_len, row.output_len, now, row.steps
+                row.prompt_len, row.output_len, now, row.steps, row.max_tokens
             )  # not replace(): it looks up fields
         else:
             now = row.arrival_time

@@ -4,11 +4,12 @@
 A request's life here: the API key (401), the server's state (503 while starting, draining or failed),
 the waiting line (429 with Retry-After beyond `max_waiting`), the body and the prompt against the
 model's limits (400: every refusal the scheduler's admission would make, made before it is asked),
-then Submit and the request's block updates. `max_tokens` becomes whole 32-token blocks (at most the mask
-buffer) and the text is cut at `max_tokens` or at the model's EOS. A stream sends one SSE chunk per
-committed block (with its tokens' log-probs, if asked: `serve.logprobs`), then the usage chunk if asked,
-then `data: [DONE]`. A client that goes away (a closed
-stream or connection) cancels its request at the scheduler. `/health` and `/metrics` need no API key.
+then Submit and the request's block updates. `max_tokens` becomes whole 32-token blocks, the request's own
+mask buffer (at most `--mask-len`, which a request without `max_tokens` gets), and the text is cut at
+`max_tokens` or at the model's EOS. A stream sends one SSE chunk per committed block (with its tokens'
+log-probs, if asked: `serve.logprobs`), then the usage chunk if asked, then `data: [DONE]`. A client
+that goes away (a closed stream or connection) cancels its request at the scheduler. `/health` and
+`/metrics` need no API key.
 
 No request holds the event loop for long, whatever it carries: the body is refused beyond the size the
 longest prompt the model takes could need (413), and before it is parsed, beyond the JSON strings and
@@ -49,6 +50,7 @@ from executor.control.messages import (
     WorkerState,
 )
 from sangam.hardware import BLOCK, pages_for
+from sangam.request import response_region
 from serve import protocol as api
 from serve.backend import Backend, Limits, ServingState, ShutDown
 from serve.logprobs import OutputLogprobs
@@ -337,7 +339,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         top = check_completion_logprobs(body)
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         chars = sum(len(t) for t in texts if isinstance(t, str))
-        check_text_length(chars, tokenizer, limits)
+        check_text_length(chars, tokenizer, limits, response_region(max_tokens))
         prompt = await tokenized(chars, completion_prompt, body.prompt, tokenizer)
         job = await admit(body, prompt, max_tokens, limits, started, top)
         created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
@@ -382,7 +384,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         check_messages(body.messages)
         messages = [Message(m.role, m.text) for m in body.messages]
         chars = sum(len(m.content) for m in messages)
-        check_text_length(chars, tokenizer, limits)
+        check_text_length(chars, tokenizer, limits, response_region(max_tokens))
         prompt = await tokenized(chars + len(messages), tokenizer.chat_prompt, messages)
         job = await admit(body, prompt, max_tokens, limits, started, top)
         created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
@@ -441,19 +443,21 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         body: api.Sampling, prompt: list[int], max_tokens: int, limits: Limits, started: float,
         logprobs: int | None,
     ) -> Job:  # fmt: skip
-        """Check the prompt, then Submit the request (`logprobs`: the alternatives per token asked for,
-        None: no log-probs); APIError for every refusal."""
-        check_prompt(prompt, limits)
+        """Check the prompt, then Submit the request, its mask buffer `max_tokens` in whole blocks
+        (`logprobs`: the alternatives per token asked for, None: no log-probs); APIError for every
+        refusal."""
+        gen_len = response_region(max_tokens)
+        check_prompt(prompt, limits, gen_len)
         if state.waiting >= config.max_waiting:
             raise APIError(
                 429, f"{state.waiting} requests are waiting already (--max-waiting {config.max_waiting})"
             )
-        n_blocks = -(-max_tokens // BLOCK)
+        n_blocks = gen_len // BLOCK
         forwards = (body.forwards_per_block,) * n_blocks if body.forwards_per_block is not None else ()
         sampling = Sampling(body.threshold, body.temperature, body.seed, logprobs)
         state.admitting += 1
         try:
-            result = await backend.submit(Submission(tuple(prompt), BLOCK * n_blocks, sampling, forwards))
+            result = await backend.submit(Submission(tuple(prompt), gen_len, sampling, forwards))
         except SangamError as err:
             raise scheduler_error(err) from None
         finally:
@@ -575,8 +579,9 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
 
 
 def check_fields(body: api.Sampling, limits: Limits) -> int:
-    """The request's max_tokens, after the checks of its fields the scheduler's admission makes and of
-    the fields Sangam does not implement; APIError(400) else."""
+    """The request's max_tokens (none given: the largest mask buffer, `--mask-len`), after the checks of
+    its fields the scheduler's admission makes and of the fields Sangam does not implement; APIError(400)
+    else."""
     unsupported = body.unsupported()
     if unsupported is not None:
         raise APIError(400, f"{unsupported}: not supported by Sangam", unsupported)
@@ -673,8 +678,9 @@ def check_messages(messages: Sequence[api.ChatMessage]) -> None:
                                f"{where}.content.{j}.{extra}")  # fmt: skip
 
 
-def check_prompt(prompt: Sequence[int], limits: Limits) -> None:
-    """The prompt's checks the scheduler's admission makes; APIError(400) else."""
+def check_prompt(prompt: Sequence[int], limits: Limits, mask_len: int) -> None:
+    """The prompt's checks the scheduler's admission makes, beside a mask buffer of `mask_len` tokens;
+    APIError(400) else."""
     if not prompt:
         raise APIError(400, "the prompt is empty", "prompt")
     if min(prompt) < 0 or max(prompt) >= limits.vocab or limits.mask_id in prompt:  # scans in C
@@ -684,15 +690,15 @@ def check_prompt(prompt: Sequence[int], limits: Limits) -> None:
             "is the mask id" if token == limits.mask_id else f"is outside the vocabulary [0, {limits.vocab})"
         )
         raise APIError(400, f"prompt token {token} at position {bad} {what}", "prompt")
-    if len(prompt) + limits.mask_len > limits.context_len:
+    if len(prompt) + mask_len > limits.context_len:
         raise APIError(
-            400, f"the prompt is too long: {len(prompt)} tokens plus the {limits.mask_len}-token mask buffer "
+            400, f"the prompt is too long: {len(prompt)} tokens plus the {mask_len}-token mask buffer "
             f"exceed the model's context window of {limits.context_len} tokens", "prompt",
         )  # fmt: skip
-    if pages_for(len(prompt) + limits.mask_len) > limits.pages:
+    if pages_for(len(prompt) + mask_len) > limits.pages:
         raise APIError(
             400, f"the prompt is too long for a worker's KV pool: {len(prompt)} tokens plus the "
-            f"{limits.mask_len}-token mask buffer need {pages_for(len(prompt) + limits.mask_len)} pages, a "
+            f"{mask_len}-token mask buffer need {pages_for(len(prompt) + mask_len)} pages, a "
             f"worker holds {limits.pages}", "prompt",
         )  # fmt: skip
 
@@ -700,20 +706,20 @@ def check_prompt(prompt: Sequence[int], limits: Limits) -> None:
 TEXT_SLACK = 2  # a normaliser may shrink a text before it is tokenized (composed characters)
 
 
-def text_bound(tokenizer: TextTokenizer, limits: Limits) -> int:
-    """The characters of the longest prompt that may fit: its room in the context window at the longest
-    token's length."""
-    return TEXT_SLACK * tokenizer.longest_token * (limits.context_len - limits.mask_len)
+def text_bound(tokenizer: TextTokenizer, limits: Limits, mask_len: int) -> int:
+    """The characters of the longest prompt that may fit beside a mask buffer of `mask_len` tokens: its
+    room in the context window at the longest token's length."""
+    return TEXT_SLACK * tokenizer.longest_token * (limits.context_len - mask_len)
 
 
-def check_text_length(chars: int, tokenizer: TextTokenizer, limits: Limits) -> None:
+def check_text_length(chars: int, tokenizer: TextTokenizer, limits: Limits, mask_len: int) -> None:
     """Refuse a prompt of more characters than `text_bound`, before it is tokenized (a 4 MB prompt
     took 6 s to tokenize; one under the bound still takes a fraction of a second, on a thread)."""
-    room = limits.context_len - limits.mask_len
-    if chars > text_bound(tokenizer, limits):
+    room = limits.context_len - mask_len
+    if chars > text_bound(tokenizer, limits, mask_len):
         raise APIError(
             400, f"the prompt is too long: {chars} characters cannot fit in the {room} tokens the model's "
-            f"context window leaves beside the {limits.mask_len}-token mask buffer", "prompt",
+            f"context window leaves beside the {mask_len}-token mask buffer", "prompt",
         )  # fmt: skip
 
 
@@ -758,13 +764,14 @@ async def parsed(request: Request, model: type[M], limits: Limits, tokenizer: Te
     body machinery, which took most of a millisecond); APIError(400) naming the first bad field. A body
     sent as another media type is refused (415), as FastAPI does: a web page may send any site a form
     or text body without asking first, but not a JSON one. The body's size (413) and its count of JSON
-    values (400) are bounded before it is parsed."""
+    values (400) are bounded before it is parsed (its max_tokens not yet known: for the prompt the
+    shortest mask buffer leaves room for)."""
     kind = request.headers.get("content-type")
     if kind is not None:
         media = kind.partition(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
             raise APIError(415, f"the body must be JSON (Content-Type: application/json), not {media}")
-    body = await read_body(request, JSON_BYTES_PER_CHAR * text_bound(tokenizer, limits) + BODY_SLACK)
+    body = await read_body(request, JSON_BYTES_PER_CHAR * text_bound(tokenizer, limits, BLOCK) + BODY_SLACK)
     check_json_size(body, MAX_JSON_STRINGS, MAX_JSON_VALUES + limits.context_len)
     try:
         return model.model_validate_json(body)

@@ -34,8 +34,9 @@ class Limits:
     vocab: int
     mask_id: int
     eos_ids: tuple[int, ...]
-    mask_len: int  # the mask buffer: max_tokens fits it, and every request's KV is sized by it
-    context_len: int  # prompt plus mask buffer must fit
+    mask_len: int  # the largest mask buffer (--mask-len): max_tokens fits it; a request's own is its
+    # max_tokens in whole blocks (this one without max_tokens), and sizes its KV
+    context_len: int  # prompt plus the request's mask buffer must fit
     pages: int  # KV pages of the smallest worker
 
 

@@ -367,6 +367,19 @@ def test_a_request_that_stopped_early_keeps_its_blocks(tmp_path: Path) -> None:
     assert first.output_len == 32 * requests.loc[0, "n_blocks"]
 
 
+def test_a_live_requests_own_mask_buffer_is_its_rows_max_tokens(tmp_path: Path) -> None:
+    folder = sim_results_dir(tmp_path, n=3)
+    files = {name: (folder / name).read_bytes() for name in ("summary.json", "requests.csv", "blocks.csv")}
+    requests = pd.read_csv(folder / "requests.csv")
+    requests.loc[0, "seq_len"] = requests.loc[0, "prompt_len"] + 32 * requests.loc[0, "n_blocks"]  # sized
+    files["requests.csv"] = requests.to_csv(index=False).encode()
+    rows = {r.arrival_time: r for r in live_rows(load_files(files))}
+    mask_len = RunConfig.from_resolved(json.loads(files["summary.json"])["config"]).mask_tokens
+    for req in requests.itertuples():
+        own = 32 * req.n_blocks if req.Index == 0 else mask_len
+        assert rows[req.arrival].max_tokens == own
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -112,16 +112,37 @@ def test_live_replay_with_two_workers_writes_sim_results(
     print(f"live replay: 30 requests, 2 workers, {wall:.1f} s", file=sys.stderr)
 
 
+def test_a_replay_sizes_each_request_by_its_traces_max_tokens_as_the_simulator_does(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = [(10, 40, "64"), (12, 20, "100"), (14, 30, ""), (16, 1, "1")]  # prompt, output, max_tokens
+    lines = [f"{0.05 * i},{p},{o},{m}" for i, (p, o, m) in enumerate(rows)]
+    trace.write_text("\n".join(["arrival_time,prompt_len,output_len,max_tokens", *lines]) + "\n")
+    out, iterations = tmp_path / "out", tmp_path / "iterations.csv"
+    argv = [
+        "--workers", "1", "--trace", str(trace), "--mask-len", "256", "--progress", "fixed:2",
+        "--out", str(out), "--iteration-log", str(iterations), "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    replay(argv)
+    requests = sorted(csv.DictReader((out / "requests.csv").open()), key=lambda r: int(r["request_id"]))
+    expected = [10 + 64, 12 + 128, 14 + 256, 16 + 32]  # max_tokens in whole blocks; none: --mask-len
+    assert [int(r["seq_len"]) for r in requests] == expected
+    cfg = RunConfig(trace=str(trace), mask_len=256, pages=4096)
+    simulated = build_requests(cfg, with_arrival_times(cfg, read_trace(trace)), parse_progress("fixed:2"))
+    assert [r.seq_len for r in simulated] == expected  # the one rule both drivers apply
+    contexts = {item.split(":")[2] for row in log_rows(iterations) for item in row["items"].split(";")}
+    assert {int(c) for c in contexts} == set(expected)  # what the worker's forwards ran over
+
+
 def test_bad_inputs_get_errors_and_leave_others_untouched(client: SangamClient) -> None:
     good = client.submit([5, 6, 7, 8], 64)
-    too_long = SERVED_PAGES * 16 - SERVED_MASK_LEN + 1
+    too_long = SERVED_PAGES * 16 - 32 + 1  # beside a gen length of 32: its own mask buffer
     bad = {
         "empty prompt": ([], 64),
         "not a positive multiple of 32": ([1, 2], 40),
         "gen length 0 is not": ([1, 2], 0),
         "exceeds the mask buffer": ([1, 2], SERVED_MASK_LEN + 32),
         "prompt too long for the KV pool": ([1] * too_long, 32),
-        "too long for the model's context window": ([1] * (TINY_CONTEXT - SERVED_MASK_LEN + 1), 32),
+        "too long for the model's context window": ([1] * (TINY_CONTEXT - 32 + 1), 32),
         "outside the vocabulary": ([1, VOCAB], 32),
         "token -3 at position 2": ([1, 2, -3], 32),
         "is the mask id": ([1, MASK_ID, 2], 32),

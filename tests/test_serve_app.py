@@ -140,6 +140,21 @@ def test_bad_inputs_get_400_with_openai_error_json(fake: tuple[str, FakeBackend]
     assert fits.status_code == 200, fits.text
 
 
+def test_a_request_is_sized_by_its_max_tokens_and_without_one_by_the_whole_mask_buffer(
+    fake: tuple[str, FakeBackend],
+) -> None:
+    url, backend = fake
+    prompt = [1] * (LIMITS.pages * 16 - 64)  # fits beside 64 tokens, not beside 128 (window and pool)
+    short = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 40})
+    assert short.status_code == 200, short.text
+    sub = backend.submitted[-1]
+    assert (sub.gen_len, sub.response_len) == (64, 64)  # 40 tokens: two whole blocks
+    whole = post(url, "/v1/completions", {"prompt": prompt})
+    assert whole.status_code == 400 and "416 tokens plus the 128-token mask buffer exceed" in error_of(whole)
+    assert post(url, "/v1/completions", {"prompt": "x"}).status_code == 200
+    assert backend.submitted[-1].response_len == LIMITS.mask_len  # no max_tokens: the largest
+
+
 def test_a_body_that_is_not_a_request_gets_400(fake: tuple[str, FakeBackend]) -> None:
     url, backend = fake
     before = len(backend.submitted)

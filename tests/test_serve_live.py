@@ -167,6 +167,24 @@ def test_bad_inputs_are_refused_and_nobody_else_notices(server: tuple[str, Path]
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_short_max_tokens_is_a_short_mask_buffer_at_the_scheduler(server: tuple[str, Path]) -> None:
+    url, logs = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    short = client.completions.with_raw_response.create(
+        model="tiny-llada", prompt="a short answer", max_tokens=40, extra_body=FAST
+    )
+    whole = client.completions.with_raw_response.create(
+        model="tiny-llada", prompt="all of it", extra_body=FAST
+    )
+    with scheduler(logs) as grpc_client:
+        records = {r.id: r for r in grpc_client.results()}
+    sized = records[int(short.headers["x-sangam-request-id"])]
+    usage = short.parse().usage
+    assert usage is not None and sized.prompt_len == usage.prompt_tokens
+    assert (sized.mask_len, sized.seq_len) == (64, usage.prompt_tokens + 64)  # 40 tokens: two blocks
+    assert records[int(whole.headers["x-sangam-request-id"])].mask_len == MASK_LEN  # no max_tokens
+
+
 def test_200_concurrent_streaming_chats_lose_nothing(server: tuple[str, Path]) -> None:
     url, _ = server
 

@@ -119,6 +119,8 @@ def test_with_arrivals_fills_only_missing_times() -> None:
     assert with_arrivals(timed, 2.0, random.Random(9), cv=3.0) == timed
     mixed = with_arrivals([TraceRow(1, 1, 4.0), TraceRow(1, 1)], 2.0, random.Random(9))
     assert mixed[0].arrival_time == 4.0 and mixed[1].arrival_time is not None and mixed[1].arrival_time > 4.0
+    (drawn,) = with_arrivals([TraceRow(1, 20, steps=(3,), max_tokens=40)], 2.0, random.Random(9))
+    assert (drawn.steps, drawn.max_tokens) == ((3,), 40)  # a drawn arrival keeps every other field
 
 
 def test_trace_row_checks_its_steps() -> None:
@@ -129,6 +131,10 @@ def test_trace_row_checks_its_steps() -> None:
         TraceRow(5, 32, steps=(33,))
     with pytest.raises(ValueError, match="prompt_len"):
         TraceRow(0, 32)
+    with pytest.raises(ValueError, match="max_tokens 31 is less than output_len 32"):
+        TraceRow(5, 32, max_tokens=31)
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer, got 0"):
+        TraceRow(5, 32, max_tokens=0)
 
 
 # --- trace files -------------------------------------------------------------------------------
@@ -148,6 +154,23 @@ def test_csv_round_trip_with_steps_and_no_arrivals(tmp_path: Path) -> None:
     write_trace(path, rows)
     assert path.read_text().splitlines()[:2] == ["arrival_time,prompt_len,output_len,steps", ",100,64,3;32"]
     assert read_trace(path) == rows
+
+
+def test_max_tokens_column_round_trips_and_may_be_blank(tmp_path: Path) -> None:
+    rows = [TraceRow(100, 64, 0.5, max_tokens=100), TraceRow(7, 1, 0.75), TraceRow(9, 33, 1.0, (1, 1), 33)]
+    path = tmp_path / "t.csv"
+    write_trace(path, rows)
+    assert path.read_text().splitlines()[:3] == [
+        "arrival_time,prompt_len,output_len,steps,max_tokens", "0.5,100,64,,100", "0.75,7,1,,",
+    ]  # fmt: skip
+    assert read_trace(path) == rows
+    jsonl = tmp_path / "t.jsonl"
+    lines = [
+        {"prompt_len": 5, "output_len": 6, "max_tokens": 64},
+        {"prompt_len": 5, "output_len": 6, "max_tokens": None},
+    ]
+    jsonl.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert read_trace(jsonl) == [TraceRow(5, 6, max_tokens=64), TraceRow(5, 6)]
 
 
 def test_csv_columns_in_any_order_and_steps_with_spaces(tmp_path: Path) -> None:
@@ -204,6 +227,24 @@ MALFORMED = [
     ("t.csv", "prompt_len,output_len,steps\n5,64,3\n", 2, "1 values, but output_len 64 makes 2 blocks"),
     ("t.csv", "prompt_len,output_len,steps\n5,64,3;33\n", 2, "in [1, 32], got 33"),
     ("t.csv", "prompt_len,output_len,steps\n5,64,3;x\n", 2, "in [1, 32], got 'x'"),
+    (
+        "t.csv",
+        "prompt_len,output_len,max_tokens\n5,64,64\n5,64,63\n",
+        3,
+        "max_tokens 63 is less than output_len 64",
+    ),
+    (
+        "t.csv",
+        "prompt_len,output_len,max_tokens\n5,64,lots\n",
+        2,
+        "max_tokens must be a positive integer, got 'lots'",
+    ),
+    (
+        "t.jsonl",
+        '{"prompt_len": 5, "output_len": 6, "max_tokens": 6.5}\n',
+        1,
+        "max_tokens must be a positive integer",
+    ),
     ("t.jsonl", '{"prompt_len": 5, "output_len": 6}\n{"prompt_len": 5,\n', 2, "bad JSON"),
     ("t.jsonl", '{"prompt_len": 5, "output_len": 6}\n[5, 6]\n', 2, "expected a JSON object, got list"),
     ("t.jsonl", '{"prompt_len": 5}\n', 1, "missing required key 'output_len'"),
@@ -272,7 +313,8 @@ def traces(draw: st.DrawFn) -> list[TraceRow]:
         blocks = -(-output // 32)
         steps = draw(st.none() | st.tuples(*[st.integers(1, 32)] * blocks))
         now += gaps[i]
-        rows.append(TraceRow(draw(st.integers(1, 10**6)), output, now if timed else None, steps))
+        max_tokens = draw(st.none() | st.integers(output, 10**6))
+        rows.append(TraceRow(draw(st.integers(1, 10**6)), output, now if timed else None, steps, max_tokens))
     return rows
 
 

@@ -12,23 +12,28 @@ from sangam.layout import Layout, Role
 
 
 def check_submission(sub: Submission, facts: ModelFacts, mask_len: int) -> str | None:
-    """Why a submitted request cannot run, as one line, or None."""
-    prompt, gen_len = sub.prompt, sub.gen_len
+    """Why a submitted request cannot run, as one line, or None. Its own mask buffer
+    (`Submission.response_len`) sizes its context and KV pages; `mask_len` (the server's) is the
+    largest allowed."""
+    prompt, gen_len, own = sub.prompt, sub.gen_len, sub.response_len
     if not prompt:
         return "empty prompt"
     if gen_len <= 0 or gen_len % BLOCK:
         return f"gen length {gen_len} is not a positive multiple of {BLOCK}"
-    if gen_len > mask_len:
-        return f"gen length {gen_len} exceeds the mask buffer of {mask_len} tokens"
-    if len(prompt) + mask_len > facts.context_len:
+    if own < gen_len or own % BLOCK:
+        return f"mask length {own} must be a multiple of {BLOCK} no shorter than the gen length {gen_len}"
+    if own > mask_len:
+        what = "mask" if sub.mask_len else "gen"
+        return f"{what} length {own} exceeds the mask buffer of {mask_len} tokens"
+    if len(prompt) + own > facts.context_len:
         return (
             f"prompt too long for the model's context window: {len(prompt)} prompt tokens plus a "
-            f"{mask_len}-token mask buffer exceed {facts.context_len} tokens"
+            f"{own}-token mask buffer exceed {facts.context_len} tokens"
         )
-    pages = pages_for(len(prompt) + mask_len)
+    pages = pages_for(len(prompt) + own)
     if pages > facts.pages:
         return (
-            f"prompt too long for the KV pool: {len(prompt)} prompt tokens plus a {mask_len}-token mask "
+            f"prompt too long for the KV pool: {len(prompt)} prompt tokens plus a {own}-token mask "
             f"buffer need {pages} KV pages, a worker holds {facts.pages}"
         )
     if min(prompt) < 0 or max(prompt) >= facts.vocab:

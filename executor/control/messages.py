@@ -79,13 +79,20 @@ class Logprobs:
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """One request as a client submits it: token ids only."""
+    """One request as a client submits it: token ids only. Its mask buffer (`response_len`) is its own:
+    `gen_len` unless `mask_len` says otherwise; the server's mask buffer is the largest allowed."""
 
     prompt: tuple[int, ...]
-    gen_len: int  # a positive multiple of 32, at most the server's mask buffer
+    gen_len: int  # a positive multiple of 32: the tokens it generates at most
     sampling: Sampling = Sampling()
     forwards: tuple[int, ...] = ()  # forced forwards of each block; empty: the sampler decides
     watch: bool = False  # its updates go to the scheduler's Watch streams
+    mask_len: int = 0  # its mask buffer, a multiple of 32 of at least gen_len; 0: gen_len
+
+    @property
+    def response_len(self) -> int:
+        """The request's mask buffer in tokens: what its KV pages and every prefill are sized by."""
+        return self.mask_len or self.gen_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +180,7 @@ class ClusterStatus:
     errors: int
     iterations: int
     failure: str
-    mask_len: int
+    mask_len: int  # the largest mask buffer a request may have (`--mask-len`)
     layout: str
     transfers_done: int
     transfers_failed: int
@@ -322,7 +329,7 @@ class BlockWork:
     arrival: float  # the request's original arrival: orders the worker's prefill queue
     block: int
     prompt_len: int
-    mask_len: int
+    mask_len: int  # the request's own mask buffer: the sequence is prompt_len + mask_len tokens
     tokens: tuple[int, ...]  # the sequence up to the first mask: prompt and committed blocks
     forwards: int = 0  # planned forwards of this block; 0: the sampler decides
     sampling: Sampling = Sampling()

@@ -161,7 +161,7 @@ class SchedulerState:
         if mask_len <= 0 or mask_len % BLOCK:
             raise ValueError(f"mask length must be a positive multiple of {BLOCK}, got {mask_len}")
         self.layout: Layout = layout
-        self.mask_len = mask_len
+        self.mask_len = mask_len  # the largest mask buffer a request may have (`--mask-len`)
         self.theta = theta
         self.policy = policy
         self.seed = seed
@@ -260,7 +260,7 @@ class SchedulerState:
                 self.errors += 1
             else:
                 steps = planned or (BLOCK,) * n_blocks
-                tracked.req = Request(rid, arrival, len(prompt), sub.gen_len, self.mask_len, steps)
+                tracked.req = Request(rid, arrival, len(prompt), sub.gen_len, sub.response_len, steps)
             self._publish(tracked)
         return tracked
 

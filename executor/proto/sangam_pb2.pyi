@@ -76,17 +76,19 @@ class Logprobs(_message.Message):
     ) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "gen_len", "sampling", "forwards", "watch")
+    __slots__ = ("prompt_token_ids", "gen_len", "sampling", "forwards", "watch", "mask_len")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     GEN_LEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
+    MASK_LEN_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     gen_len: int
     sampling: SamplingParams
     forwards: _containers.RepeatedScalarFieldContainer[int]
     watch: bool
+    mask_len: int
     def __init__(
         self,
         prompt_token_ids: _Optional[_Iterable[int]] = ...,
@@ -94,6 +96,7 @@ class SubmitRequest(_message.Message):
         sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...,
         forwards: _Optional[_Iterable[int]] = ...,
         watch: _Optional[bool] = ...,
+        mask_len: _Optional[int] = ...,
     ) -> None: ...
 
 class SubmitReply(_message.Message):

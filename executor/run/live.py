@@ -308,6 +308,7 @@ def _submit_all(
             BLOCK * req.n_blocks,
             Sampling(plan.threshold, plan.temperature, seeds.getrandbits(62)),
             tuple(req.steps) if plan.unmask == "schedule" else (),
+            mask_len=req.mask_len,
         )
         while (wait := start + req.arrival - time.monotonic()) > 0:
             cluster.check()

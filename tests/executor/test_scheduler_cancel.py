@@ -38,8 +38,8 @@ def test_a_queued_request_leaves_the_queue_without_reaching_a_worker() -> None:
     core, sent = state("1P1D", 2)
     core.register(registration(0, "prefill"))
     core.register(registration(1, "decode"))
-    big = core.submit(Submission(PROMPT * 4, gen_len=32, forwards=(3,)))  # 80 + 64 tokens: 9 pages
-    waiting = [core.submit(Submission(PROMPT * 4, gen_len=32, forwards=(3,))) for _ in range(12)]
+    big = core.submit(Submission(PROMPT * 4, gen_len=32, forwards=(3,), mask_len=64))  # 80 + 64: 9 pages
+    waiting = [core.submit(Submission(PROMPT * 4, gen_len=32, forwards=(3,), mask_len=64)) for _ in range(12)]
     for tracked in (big, *waiting):
         core.on_arrival(tracked)
     dispatched = {item.request_id for _, item in sent if isinstance(item, BlockWork)}

@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from executor.control.messages import (
     BlockDone,
     BlockWork,
@@ -27,6 +30,7 @@ from executor.control.messages import (
 )
 from executor.control.scheduler_state import SchedulerState
 from runs.results import RecoveryCounts
+from sangam.hardware import pages_for
 
 PAGES = 100
 PROMPT = tuple(range(1, 21))  # with a 64-token mask buffer: 6 pages
@@ -282,7 +286,7 @@ def test_with_restarts_coming_the_cluster_waits_and_a_new_process_takes_work_as_
     restarted = replace(registration(0), address="127.0.0.1:7100", pid=77)
     assert core.register(restarted) == Registered(None, 1)
     core.on_worker_joined(0)
-    assert sent[1] == (0, BlockWork(1, 100.0, 0, 20, 64, PROMPT, 2))
+    assert sent[1] == (0, BlockWork(1, 100.0, 0, 20, 32, PROMPT, 2))
     done = BlockDone(1, 0, tuple(range(100, 132)), 2, 103.0)
     report = IterationReport(stats(0), 0.1, prefilled=(Prefilled(1, 0, 101.0, 102.0),), finished=(done,))
     assert core.refusal(ReportBatch(0, (report,))) is not None  # the old process's incarnation
@@ -294,7 +298,7 @@ def test_with_restarts_coming_the_cluster_waits_and_a_new_process_takes_work_as_
 
 def test_reports_of_unknown_workers_and_of_requests_the_sender_does_not_hold_change_nothing() -> None:
     core, sent, _ = recovering("2C", 2)
-    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,), mask_len=64))
     core.on_arrival(tracked)
     ((holder, _),) = sent
     forged = IterationReport(
@@ -345,3 +349,72 @@ def test_a_drop_issued_after_work_for_the_same_worker_goes_in_the_next_enqueue_c
     link.outbox.put(None)
     assert link.next_batch() is None
     link.channel.close()
+
+
+def one_worker(mask_len: int) -> tuple[SchedulerState, list[tuple[int, object]]]:
+    """A colocated scheduler whose server mask buffer (the largest a request may have) is `mask_len`."""
+    sent: list[tuple[int, object]] = []
+    ticks = itertools.count(100)
+    core = SchedulerState(
+        1, send=lambda w, item: sent.append((w, item)), clock=lambda: float(next(ticks)), mask_len=mask_len
+    )
+    assert core.register(registration(0)).error is None
+    return core, sent
+
+
+def test_a_request_is_sized_by_its_own_mask_buffer_not_the_servers() -> None:
+    core, sent = one_worker(1024)
+    short = core.submit(Submission(PROMPT, gen_len=64, forwards=(1, 1)))
+    core.on_arrival(short)
+    assert sent == [(0, BlockWork(0, 100.0, 0, 20, 64, PROMPT, 1))]  # the worker's sequence: 20 + 64
+    assert short.req is not None and (short.req.seq_len, short.req.pages) == (84, 6)
+    assert core.router is not None and core.router.outstanding == [84]
+    sized = core.submit(Submission(PROMPT, gen_len=64, forwards=(1, 1), mask_len=256))
+    core.on_arrival(sized)
+    assert sent[1] == (0, BlockWork(1, 102.0, 0, 20, 256, PROMPT, 1))
+    assert sized.req is not None and sized.req.pages == pages_for(20 + 256)
+    assert core.router.outstanding == [84 + 276]
+
+
+def test_admission_checks_the_requests_own_mask_buffer_against_the_pool_and_the_servers() -> None:
+    core, _ = one_worker(1024)
+    long = tuple([1] * 1000)  # 1000 + 64 tokens: 67 pages of 100; 1000 + 1024 tokens: 127
+    assert core.submit(Submission(long, gen_len=64)).state.status is RequestStatus.QUEUED
+    refusals = {
+        Submission(long, gen_len=64, mask_len=1024): "prompt too long for the KV pool: 1000 prompt tokens "
+        "plus a 1024-token mask buffer need 127 KV pages, a worker holds 100",
+        Submission(
+            PROMPT, gen_len=64, mask_len=1056
+        ): "mask length 1056 exceeds the mask buffer of 1024 tokens",
+        Submission(PROMPT, gen_len=1056): "gen length 1056 exceeds the mask buffer of 1024 tokens",
+        Submission(
+            PROMPT, gen_len=64, mask_len=48
+        ): "mask length 48 must be a multiple of 32 no shorter than the gen length 64",
+        Submission(
+            PROMPT, gen_len=64, mask_len=32
+        ): "mask length 32 must be a multiple of 32 no shorter than the gen length 64",
+    }
+    for sub, reason in refusals.items():
+        tracked = core.submit(sub)
+        assert (tracked.state.status, tracked.state.error, tracked.req) == (RequestStatus.ERROR, reason, None)
+
+
+@settings(max_examples=80)
+@given(
+    prompt_len=st.integers(1, 2000),
+    gen_blocks=st.integers(1, 40),
+    extra_blocks=st.none() | st.integers(0, 40),
+)
+def test_an_admitted_request_holds_exactly_its_own_mask_buffers_pages(
+    prompt_len: int, gen_blocks: int, extra_blocks: int | None
+) -> None:
+    core, _ = one_worker(1024)
+    gen_len = 32 * gen_blocks
+    own = gen_len if extra_blocks is None else gen_len + 32 * extra_blocks
+    sub = Submission(tuple([1] * prompt_len), gen_len, mask_len=0 if extra_blocks is None else own)
+    tracked = core.submit(sub)
+    fits = own <= 1024 and pages_for(prompt_len + own) <= PAGES
+    assert (tracked.req is not None) == fits, tracked.state.error
+    if tracked.req is not None:
+        assert tracked.req.seq_len == prompt_len + own and tracked.req.pages == pages_for(prompt_len + own)
+        assert tracked.req.n_blocks == gen_blocks

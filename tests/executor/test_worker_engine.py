@@ -8,8 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from test_scheduler_state import one_worker
 
-from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
+from executor.control.messages import (
+    BlockWork,
+    ItemShape,
+    Submission,
+    TransferEvent,
+    TransferKind,
+    TransferOrder,
+)
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.forward import ModelRunner
@@ -93,6 +101,23 @@ def engine(pages: int = 16, hand_off: bool = False) -> Engine:
 
 def block(rid: int, forwards: int = 3, prompt: int = 20) -> BlockWork:
     return BlockWork(rid, float(rid), 0, prompt, BLOCK, tuple(range(1, prompt + 1)), forwards)
+
+
+def test_a_64_token_request_runs_over_its_prompt_plus_64_tokens_on_the_worker() -> None:
+    """A scheduler whose mask buffer is 1,024 tokens sends a 64-token request's block as prompt + 64: the
+    worker's sequence, its KV pages and the model's input are that long (20 + 1,024 would not fit here)."""
+    core, sent = one_worker(1024)
+    tracked = core.submit(Submission(tuple(range(1, 21)), gen_len=64, forwards=(2, 2)))
+    core.on_arrival(tracked)
+    ((_, work),) = sent
+    assert isinstance(work, BlockWork)
+    e = engine(pages=16)
+    e.admit(work)
+    (job,) = e.jobs.values()
+    assert job.tokens.shape == (20 + 64,)
+    report = e.step()
+    assert report is not None and report.items == (ItemShape(True, 84, 84),)
+    assert e.batcher.pool.num_used == pages_for(84)
 
 
 def test_a_drop_frees_a_running_blocks_pages_between_iterations_and_spares_later_calls_work() -> None:

@@ -23,6 +23,8 @@ class NativeBuild(build_ext):
 
     def run(self) -> None:
         super().run()
+        if not self.extensions:
+            return  # the Python build: no manifest, or a later edit would be refused as a stale build
         hashes = {m: BUILD["source_hash"](m, BUILD["ROOT"]) for m in BUILD["NATIVE_MODULES"]}
         target = "runs" if self.inplace else os.path.join(self.build_lib, "runs")
         with open(os.path.join(target, "native.json"), "w") as f:

@@ -190,14 +190,13 @@ def describe(setup: Setup, results: list[PointResult]) -> str:
     arrivals = "Poisson" if cfg.arrival_cv is None else f"gamma (CV {cfg.arrival_cv:g})"
     if cfg.arrival_clip is not None:
         arrivals += f" (gaps clipped at {cfg.arrival_clip:g} mean gaps)"
-    if setup.testbed:
-        arrivals += f", testbed {setup.testbed}"
+    arrivals += f", testbed {setup.resolved.testbed.name}"
     return (
         f"**{cfg.model}** on {cfg.gpus} **{cfg.gpu}** GPUs, trace {trace}, "
         f"{cfg.num_requests} requests per point, τ {cfg.budget} (prefill role {cfg.prefill_budget}), "
         f"θ {cfg.theta}, policy {cfg.policy.value}, "
         f"{arrivals} arrivals, "
-        f"mask buffer {cfg.mask_tokens}, progress {setup.progress or 'default'}, "
+        f"mask buffer {cfg.mask_tokens}, progress {setup.resolved.progress}, "
         f"seeds {', '.join(map(str, setup.seeds))}; iteration times {results[0].summary['cost_model']}."
     )
 

@@ -9,16 +9,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.sweep import COSTS, PointSpec, point_specs, profile_pages
-from profiles.testbeds import load_testbed
-from runs.config import CONTROL_MS, RunConfig
+from app.sweep import COSTS, PointSpec, point_specs, resolve
+from runs.config import RunConfig
 from runs.traces import TraceError, read_trace
 from sangam.budget import Policy
 from sangam.layout import parse_mode
 from sangam.progress import parse_progress
 from sangam.workload import TraceRow
-from sim.cluster import LinkSpec
-from sim.options import options_on_testbed
+from sim.setup import Setup as Resolved
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
 TRACE_SUFFIXES = ("csv", "jsonl", "json")
@@ -40,31 +38,20 @@ class UploadedTrace:
 class Setup:
     """A validated comparison: every point it runs, and what the page needs to describe it."""
 
-    base: RunConfig  # the first layout, rate and seed
+    resolved: Resolved  # the first layout, rate and seed on the testbed
     layouts: tuple[str, ...]  # layout names, e.g. ("8C", "5P3D")
     rates: tuple[float, ...]
     seeds: tuple[int, ...]
-    progress: str
     trace: UploadedTrace | None
-    cost: str  # one of app.sweep.COSTS
-    testbed: str = ""  # '' : the GPU's own profile, the simulator's default link and control delay
-    link: LinkSpec = LinkSpec()
-    control_s: float = CONTROL_MS / 1000
+
+    @property
+    def base(self) -> RunConfig:
+        return self.resolved.config
 
     def specs(self) -> list[PointSpec]:
         rows, digest = (self.trace.rows, self.trace.digest) if self.trace else (None, "")
         return point_specs(
-            self.base,
-            self.layouts,
-            self.rates,
-            self.seeds,
-            progress=self.progress,
-            rows=rows,
-            trace_digest=digest,
-            cost=self.cost,
-            testbed=self.testbed,
-            link=self.link,
-            control_s=self.control_s,
+            self.resolved, self.layouts, self.rates, self.seeds, rows=rows, trace_digest=digest
         )
 
 
@@ -189,24 +176,14 @@ def build_setup(
     cost: str = "profile",
     testbed: str = "",
 ) -> Setup:
-    """Check every sidebar value and build the comparison; the first problem raises InputError. A
-    `testbed` sets the GPU, KV pages, forwards per block (unless `progress` is given), the arrival clip
-    (unless `arrival_cv` is), the KV link and the control delay."""
+    """Check every sidebar value and build the comparison, resolved as `sangam sim` resolves a run; the
+    first problem raises InputError. The `testbed` (default `sangam-<gpu>`) sets the GPU, KV pages,
+    forwards per block (unless `progress` is given), the arrival clip (unless `arrival_cv` is), the KV
+    link and the control delay."""
     names = parse_layouts(layouts, gpus)
     rates = qps_points(qps_min, qps_max, qps_count)
     seed_list = parse_seeds(seeds)
     progress = check_progress(progress)
-    link, control_s, arrival_clip = LinkSpec(), CONTROL_MS / 1000, None
-    if testbed:
-        try:
-            bed = load_testbed(testbed)
-            gpu = bed.gpu
-            progress = progress or bed.progress_spec(model, trace if trace != "upload" else "sharegpt")
-            options = options_on_testbed(bed, {})
-            link, control_s = options.link_spec(), options.control_ms / 1000
-            arrival_clip = bed.arrival.clip if arrival_cv is None else None
-        except ValueError as err:
-            raise InputError(str(err)) from None
     if cost not in COSTS:
         raise InputError(f"iteration times come from one of {', '.join(COSTS)}, got {cost!r}")
     if trace == "upload" and upload is None:
@@ -227,17 +204,14 @@ def build_setup(
             else num_requests,
             mask_len=mask_len,
             arrival_cv=arrival_cv,
-            arrival_clip=arrival_clip,
             budget=budget,
             prefill_budget=prefill_budget,
             theta=theta,
             policy=Policy(policy),
             seed=seed_list[0],
-            pages=profile_pages(
-                model, gpu, cost, testbed
-            ),  # the profiled live worker's, as `sangam sim` does
         )
+        resolved = resolve(base, cost, testbed or None, {"arrival_cv": arrival_cv}, progress or None)
     except ValueError as err:
         raise InputError(str(err)) from None
     uploaded = upload if trace == "upload" else None
-    return Setup(base, names, rates, seed_list, progress, uploaded, cost, testbed, link, control_s)
+    return Setup(resolved, names, rates, seed_list, uploaded)

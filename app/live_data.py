@@ -4,7 +4,6 @@ block's forwards). No Streamlit here."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -23,7 +22,6 @@ from runs.config import RunConfig
 from runs.results import METRICS
 from sangam.hardware import BLOCK, MODELS
 from sangam.workload import TraceRow, check_steps
-from sim.cluster import LinkSpec
 from sim.options import options_on_testbed
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
@@ -182,17 +180,13 @@ def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointS
         progress = ""  # blocks.csv fixes every block's forwards
     elif not progress:
         progress = bed.progress_spec(cfg.model, cfg.trace if cfg.is_synthetic else "sharegpt")
-    options = options_on_testbed(bed, {})
-    spec = PointSpec(
-        cfg, progress, live_rows(run), run.digest, cost, bed.name, options.link_spec(),
-        options.control_ms / 1000,
-    )  # fmt: skip
+    given: dict[str, Any] = {"cost": cost}
     link, control_ms = run.summary.get("kv_link"), run.summary.get("control_ms")  # a sim run's own
     if isinstance(link, dict):
-        spec = dataclasses.replace(spec, link=LinkSpec(float(link["gb_per_s"]), float(link["latency_s"])))
+        given.update(link_gbps=float(link["gb_per_s"]), link_latency_ms=1000 * float(link["latency_s"]))
     if isinstance(control_ms, int | float):
-        spec = dataclasses.replace(spec, control_s=control_ms / 1000)
-    return spec
+        given["control_ms"] = float(control_ms)
+    return PointSpec(cfg, progress, live_rows(run), run.digest, options_on_testbed(bed, given))
 
 
 def comparison_frame(live: Mapping[str, Any], sim: Mapping[str, Any]) -> pd.DataFrame:

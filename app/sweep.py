@@ -1,13 +1,16 @@
 """Layout-by-rate sweeps over the simulator, one process per point at a time (no Streamlit here).
 
-A point is one `RunConfig` (layout, rate, seed, ...) plus the progress model and trace rows it runs on.
-`run_point` simulates it in whatever process calls it and keeps what the charts need, small enough to
-cache and to send between processes: the summary, the per-request rows and binned per-worker series.
-`run_sweep` runs points in worker processes; its `compute` hook lets the app put a cache in front.
+A point is one `RunConfig` (layout, rate, seed, ...) resolved on its testbed (`sim.setup.Resolver`), plus
+the progress model, trace rows and simulator options it runs with: plain data, which a worker process
+prices with its own resolver of the testbed. `run_point` simulates it in whatever process calls it and
+keeps what the charts need, small enough to cache and to send between processes: the summary, the
+per-request rows and binned per-worker series. `run_sweep` runs points in worker processes; its `compute`
+hook lets the app put a cache in front.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -17,17 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.series import WorkerSeries, record_table, worker_series
-from profiles.analytic import AnalyticCostModel
-from profiles.store import Profile, default_cost_model
-from profiles.testbeds import load_testbed, testbed_cost_model
-from runs.config import CONTROL_MS, RunConfig, synthetic_rows, with_arrival_times
+from profiles.testbeds import choose_testbed, load_testbed
+from runs.config import RunConfig, synthetic_rows, with_arrival_times
 from runs.results import REQUEST_COLUMNS, request_row
-from sangam.cost import CostModel
-from sangam.hardware import lookup_gpu, lookup_model
 from sangam.progress import parse_progress
 from sangam.workload import TraceRow
-from sim.cluster import LinkSpec
+from sim.options import SimOptions
 from sim.run import simulate
+from sim.setup import Resolver, Setup
 
 WORKERS = 2  # processes per sweep: the cores of the machine the explorer was sized on
 THREADS = 64  # points handed out at once (a thread each, mostly waiting on the pool or the cache)
@@ -37,26 +37,21 @@ COSTS = ("profile", "analytic")  # as `sangam sim --cost`
 @dataclass(frozen=True, slots=True)
 class PointSpec:
     """One simulation: the config, the progress model spec ('' = the model and trace's default), for a
-    trace file its rows (arrival times missing ones drawn at `cfg.qps`) and their digest, and which
-    iteration-time model prices it (see `cost_model`)."""
+    trace file its rows (arrival times missing ones drawn at `cfg.qps`) and their digest, and the
+    simulator's options: the testbed whose profile prices it (None: `sangam-<gpu>`), `--cost`, the KV
+    link and the control delay."""
 
     cfg: RunConfig
     progress: str = ""
     rows: tuple[TraceRow, ...] | None = None  # None: the synthetic trace `cfg.trace`
     trace_digest: str = ""  # names `rows` in `key`
-    cost: str = "profile"  # one of COSTS
-    testbed: str = ""  # a testbed prices the iterations ('': the profile of cfg.gpu, `sangam-<gpu>`'s)
-    link: LinkSpec = LinkSpec()  # the KV link of disaggregated and hybrid layouts
-    control_s: float = CONTROL_MS / 1000  # the control plane's delay on every dispatch
+    options: SimOptions = SimOptions()
 
     @property
     def key(self) -> str:
         """Everything that decides the result, as text: the cache key."""
         config = self.cfg.resolved()  # its "layout" names the workers whichever way the mode was spelt
-        link = [self.link.gb_per_s, self.link.latency_s]
-        parts = [config, self.progress, self.trace_digest, self.cost, link, self.control_s]
-        if self.testbed:
-            parts.append(self.testbed)
+        parts = [config, self.progress, self.trace_digest, dataclasses.asdict(self.options)]
         return json.dumps(parts, sort_keys=True, default=str)
 
 
@@ -72,44 +67,27 @@ class PointResult:
 
 
 @functools.cache  # once per process: loading a profile reads and hashes its data
-def _priced(model: str, gpu: str, cost: str) -> tuple[CostModel, str, Profile | None]:
-    if cost == "profile":
-        return default_cost_model(model, gpu)
-    return AnalyticCostModel(lookup_model(model), lookup_gpu(gpu)), "analytic", None
+def resolver(testbed: str | None, gpu: str, cost: str = "profile", time_scale: float = 1.0) -> Resolver:
+    """The resolver of runs on `testbed` (None: `sangam-<gpu>`) priced by `cost` (one of COSTS)."""
+    bed = load_testbed(testbed) if testbed else choose_testbed(None, gpu)
+    return Resolver(bed, {"cost": cost, "time_scale": time_scale})
 
 
-@functools.cache
-def _on_testbed(testbed: str, model: str, cost: str) -> tuple[CostModel, str, Profile | None]:
-    return testbed_cost_model(load_testbed(testbed), model, cost)
-
-
-def cost_model(cfg: RunConfig, cost: str = "profile", testbed: str = "") -> tuple[CostModel, str]:
-    """The iteration-time model `sangam sim --cost` picks for `cfg`, and its name: with 'profile', the
-    measured (or derived) profile of the model on the GPU (on `testbed`'s, if given) where one exists,
-    else the analytic model."""
-    model, name, _ = _on_testbed(testbed, cfg.model, cost) if testbed else _priced(cfg.model, cfg.gpu, cost)
-    return model, name
-
-
-def profile_pages(model: str, gpu: str, cost: str = "profile", testbed: str = "") -> int | None:
-    """KV pages per worker of the live worker a profile was measured on (None: from GPU memory), as
-    `sangam sim` defaults them (on `testbed`, if given: its pages, else its profile's)."""
-    if testbed:
-        pages = load_testbed(testbed).pages(model)
-        return pages if pages is not None else profile_pages_of(_on_testbed(testbed, model, cost)[2])
-    return profile_pages_of(_priced(model, gpu, cost)[2])
-
-
-def profile_pages_of(profile: Profile | None) -> int | None:
-    return profile.kv_pages if profile is not None else None
+def resolve(
+    base: RunConfig,
+    cost: str = "profile",
+    testbed: str | None = None,
+    given: dict[str, Any] | None = None,
+    progress: str | None = None,
+) -> Setup:
+    """`base` as `sangam sim --cost cost --testbed testbed` resolves it (`sim.setup.Resolver.resolve`)."""
+    return resolver(testbed, base.gpu, cost).resolve(base, given, progress)
 
 
 def profile_label(model: str, gpu: str) -> str:
     """The GPU profile `--cost profile` prices `model` on `gpu` with, named by where it comes from (as
-    `profiles.store` records it): 'h200 profile, measured', 'h100 profile, derived from h200', or, for a
-    GPU without one, 'h100, no profile (analytic model)'."""
-    source = _priced(model, gpu, "profile")[1]
-    return f"{gpu}, no profile (analytic model)" if source == "analytic" else f"{gpu} profile, {source}"
+    `profiles.store` records it): 'h200 profile, measured', 'h100 profile, derived from h200'."""
+    return f"{gpu} profile, {resolver(None, gpu).priced(model)[1]}"
 
 
 def point_rows(spec: PointSpec) -> list[TraceRow]:
@@ -122,9 +100,16 @@ def point_rows(spec: PointSpec) -> list[TraceRow]:
 def run_point(spec: PointSpec) -> PointResult:
     """Simulate one point in this process."""
     progress = parse_progress(spec.progress) if spec.progress else None
-    cost, cost_name = cost_model(spec.cfg, spec.cost, spec.testbed)
+    options = spec.options
+    priced = resolver(options.testbed, spec.cfg.gpu, options.cost, options.time_scale)
+    cost, cost_name, _ = priced.priced(spec.cfg.model)
     result = simulate(
-        spec.cfg, point_rows(spec), cost, progress=progress, link=spec.link, control_s=spec.control_s
+        spec.cfg,
+        point_rows(spec),
+        cost,
+        progress=progress,
+        link=options.link_spec(),
+        control_s=options.control_ms / 1000,
     )
     result.summary["cost_model"] = cost_name
     rows = [request_row(r) for r in result.requests]
@@ -141,31 +126,18 @@ def run_point(spec: PointSpec) -> PointResult:
 
 
 def point_specs(
-    base: RunConfig,
+    setup: Setup,
     layouts: Iterable[str],
     rates: Iterable[float],
     seeds: Iterable[int],
     *,
-    progress: str = "",
     rows: tuple[TraceRow, ...] | None = None,
     trace_digest: str = "",
-    cost: str = "profile",
-    testbed: str = "",
-    link: LinkSpec = LinkSpec(),
-    control_s: float = CONTROL_MS / 1000,
 ) -> list[PointSpec]:
-    """Every (layout, rate, seed) combination of `base`, in that order."""
+    """Every (layout, rate, seed) combination of the resolved `setup`, in that order."""
+    config, progress, options = setup.config, setup.progress, setup.options
     return [
-        PointSpec(
-            replace(base, mode=mode, qps=qps, seed=seed),
-            progress,
-            rows,
-            trace_digest,
-            cost,
-            testbed,
-            link,
-            control_s,
-        )
+        PointSpec(replace(config, mode=mode, qps=qps, seed=seed), progress, rows, trace_digest, options)
         for mode in layouts
         for qps in rates
         for seed in seeds

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from app.sweep import COSTS, WORKERS, point_specs, profile_pages, run_sweep
+from app.sweep import COSTS, WORKERS, point_specs, resolve, run_sweep
 from runs.config import RunConfig
 
 LAYOUTS = ("8C", "5P3D", "3P5C")
@@ -23,8 +23,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--cost", choices=COSTS, default="profile")
     args = parser.parse_args()
-    base = RunConfig(num_requests=args.requests, pages=profile_pages("llada-8b", "h100", args.cost))
-    specs = point_specs(base, LAYOUTS, RATES, (0,), cost=args.cost)
+    setup = resolve(RunConfig(num_requests=args.requests), args.cost)
+    specs = point_specs(setup, LAYOUTS, RATES, (0,))
     started = time.perf_counter()
     results = run_sweep(specs, workers=args.workers)
     wall = time.perf_counter() - started

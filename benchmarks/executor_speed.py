@@ -57,12 +57,11 @@ from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
-from sangam.hardware import BLOCK, GPUS, MODELS, ModelSpec, pages_for
+from sangam.hardware import BLOCK, GPUS, ModelSpec, pages_for
 from sangam.kv import PagePool
 
 GPU = GPUS["h200"]
 PROMPT, MASKS = 795, 1024  # ShareGPT median prompt plus the mask buffer: 1819 cached positions
-SPECS = {Family.LLADA: MODELS["llada-8b"], Family.DREAM: MODELS["dream-7b"]}
 FP8_SPEEDUP = 2.0  # Hopper's dense FP8 tensor-core rate over bf16's (H100/H200 datasheet: 1979 / 989)
 FP8_TARGETS = {("decode", 8): 5.5, ("decode", 32): 19.0, ("prefill", 2048): 32.0}  # ms, issue 30
 
@@ -133,7 +132,7 @@ def serial_bound_ms(row: Row) -> float:
     family = Family(row.model)
     items, query_rows = iteration_shape(family, row.phase, row.size)
     linear, attention = count_parts(
-        SPECS[family], items, query_rows, row.context, row.phase == "decode", row.quant
+        full_size(family).shape, items, query_rows, row.context, row.phase == "decode", row.quant
     )
     return parts_bound(linear)[0] + parts_bound([attention])[0]
 
@@ -220,7 +219,8 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
 
 
 def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -> list[Row]:
-    config, spec = full_size(family), SPECS[family]
+    config = full_size(family)
+    spec = config.shape
     device, dtype = torch.device("cuda"), torch.bfloat16
     model = random_model(config, dtype=dtype, device=device, seed=0)
     if quant != "bf16":
@@ -366,12 +366,12 @@ def bench_alone(family: Family, args: argparse.Namespace, quant: str = "bf16") -
 
 def gemm_shapes(family: Family) -> dict[str, tuple[int, int]]:
     """(K, N) of each linear layer of the body."""
-    config = full_size(family)
+    shape = full_size(family).shape
     return {
-        "qkv": (config.hidden, config.qkv_width),
-        "o": (config.heads * config.head_dim, config.hidden),
-        "gate_up": (config.hidden, 2 * config.intermediate),
-        "down": (config.intermediate, config.hidden),
+        "qkv": (shape.hidden, shape.qkv_width),
+        "o": (shape.heads * shape.head_dim, shape.hidden),
+        "gate_up": (shape.hidden, 2 * shape.intermediate),
+        "down": (shape.intermediate, shape.hidden),
     }
 
 

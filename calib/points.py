@@ -51,7 +51,6 @@ class PointRunner:
     loading each model's profile once."""
 
     def __init__(self, testbed: Testbed) -> None:
-        self.testbed = testbed
         self._resolver = Resolver(testbed)
 
     def run(self, cfg: RunConfig, progress: str | None = None, scales: TimeScales | None = None) -> SimResult:
@@ -59,9 +58,7 @@ class PointRunner:
         `scales` (defaults: the testbed's for the model and trace). Lengths and arrivals come from
         `cfg.seed`, so two runs that differ only in `progress` or `scales` see the same requests, and the
         same uniforms draw their forwards (common random numbers)."""
-        setup = self._resolver.resolve(
-            cfg, progress=progress, scales=scales or self.testbed.scales(cfg.model)
-        )
+        setup = self._resolver.resolve(cfg, progress=progress, scales=scales)
         points = [(setup.config, synthetic_rows(setup.config))]
         files = RunFiles(progress=setup.progress)
         (result,) = run_points(points, setup.cost, setup.cost_name, setup.options, files)

@@ -2,9 +2,10 @@
 
 The loads are placed relative to the simulated knee: the lowest swept QPS at which the simulated
 mean end-to-end latency exceeds twice its value at the lowest rate; the three loads are 30%, 60%
-and 90% of it unless given. Live and sim runs share the seed, hence the lengths, arrivals and every
-block's forwards (the live workers force the progress model's schedule), and the KV pages (the sim takes
-the live run's). Disaggregated and hybrid layouts also compare each pool's queueing and the KV transfer
+and 90% of it unless given. Both sides run the config resolved once on the testbed
+(`sim.setup.Resolver`) and share the seed, hence the lengths, arrivals and every block's forwards (the
+live workers force the schedule of the testbed's progress model), and the KV pages (the sim takes the
+live run's). Disaggregated and hybrid layouts also compare each pool's queueing and the KV transfer
 time; `--link` gives the simulator a measured link profile.
 """
 
@@ -21,14 +22,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from profiles.store import Profile
-from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_profile
+from profiles.testbeds import choose_testbed
 from runs.config import RunConfig, RunFiles, synthetic_rows
 from runs.options import option
-from sim.cluster import LinkSpec
-from sim.options import options_on_testbed
 from sim.points import run_points
-from sim.run import simulate
+from sim.run import SimResult
+from sim.setup import Resolver, Setup
 
 COMPARED = (
     "mean_e2el_ms",
@@ -47,18 +46,24 @@ SWEEP = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)  # 
 SHARES = (("low", 0.3), ("medium", 0.6), ("near knee", 0.9))
 
 
-def knee(base: RunConfig, profile: Profile, link: LinkSpec) -> float:
+def knee(setup: Setup) -> float:
     """The lowest swept QPS whose simulated mean e2e latency is over twice the lowest rate's."""
-    cost = profile.cost_model()
-    workers = base.layout.num_workers
+    workers = setup.config.layout.num_workers
     first = None
     for per_worker in SWEEP:
-        cfg = dataclasses.replace(base, qps=per_worker * workers)
-        mean = simulate(cfg, synthetic_rows(cfg), cost, link=link).summary["mean_e2el_ms"]
+        mean = simulated(setup, per_worker * workers).summary["mean_e2el_ms"]
         first = first or mean
         if mean > 2 * first:
             return per_worker * workers
     return SWEEP[-1] * workers
+
+
+def simulated(setup: Setup, qps: float, pages: int | None = None, out: Path | None = None) -> SimResult:
+    """The setup's run at `qps` in the simulator, on `pages` KV pages if given, its results in `out`."""
+    cfg = dataclasses.replace(setup.config, qps=qps, pages=setup.config.pages if pages is None else pages)
+    files = RunFiles(out=out, progress=setup.progress)
+    (result,) = run_points([(cfg, synthetic_rows(cfg))], setup.cost, setup.cost_name, setup.options, files)
+    return result
 
 
 def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
@@ -94,23 +99,21 @@ def run_validate(
     30/60/90% of the simulated knee); print and write the errors. The simulator models `testbed_name`
     (default `sangam-<gpu>`): its profile, KV link (unless `options.link`) and control delay."""
     testbed = choose_testbed(testbed_name, base.gpu)
-    profile = testbed_profile(testbed, base.model)
+    resolver = Resolver(testbed, {"link": options.link})
+    profile = resolver.resolve(base).profile
     if profile is None or profile.kv_pages is None:
         raise ValueError(
             f"no measured profile of {base.model} on {base.gpu} in testbed {testbed.name}: run sangam profile"
         )
-    base = dataclasses.replace(base, pages=profile.kv_pages)
-    sim_options = options_on_testbed(testbed, {"link": options.link})
-    link = sim_options.link_spec()
-    loads = list(rates) if rates else [round(share * knee(base, profile, link), 2) for _, share in SHARES]
-    cost, cost_name, _ = testbed_cost_model(testbed, base.model)
+    setup = resolver.resolve(base, {"pages": profile.kv_pages})  # the pool the profile's worker had
+    loads = list(rates) if rates else [round(share * knee(setup), 2) for _, share in SHARES]
     points = []
     labels = [name for name, _ in SHARES] if not rates else [f"{q:g}" for q in loads]
     for label, qps in zip(labels, loads, strict=True):
-        cfg = dataclasses.replace(base, qps=qps)
+        cfg = dataclasses.replace(setup.config, qps=qps)
         live_dir = (options.live_results or options.out) / f"live-qps{qps:g}"
         if options.live_results is None:
-            run_live_point(cfg, live_dir)
+            run_live_point(cfg, setup.progress, live_dir)
         elif not (live_dir / "summary.json").is_file():
             raise ValueError(
                 f"--live-results {options.live_results}: no live run at {qps:g} QPS there ({live_dir.name}/"
@@ -118,12 +121,8 @@ def run_validate(
             )
         live = read_summary(live_dir)
         check_same_run(live_dir, live.get("config", {}), cfg)
-        sim_cfg = dataclasses.replace(cfg, pages=live_pages(live.get("config", {})) or profile.kv_pages)
-        sim_dir = options.out / f"sim-qps{qps:g}"
-        (result,) = run_points(
-            [(sim_cfg, synthetic_rows(sim_cfg))], cost, cost_name, sim_options, RunFiles(out=sim_dir)
-        )
-        sim = result.summary
+        pages = live_pages(live.get("config", {}))
+        sim = simulated(setup, qps, pages, options.out / f"sim-qps{qps:g}").summary
         points.append({"load": label, "qps": qps, "live": live, "sim": sim, "error_pct": compare(live, sim)})
     path = options.report or Path("benchmarks/results") / f"validate-{base.model}-{base.gpu}-{base.mode}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,14 +131,15 @@ def run_validate(
     return 0
 
 
-def run_live_point(cfg: RunConfig, out: Path) -> None:
-    """`sangam live` of `cfg` on its first `cfg.gpus` GPUs, results and iteration log in `out`."""
+def run_live_point(cfg: RunConfig, progress: str, out: Path) -> None:
+    """`sangam live` of `cfg` on its first `cfg.gpus` GPUs, its forwards per block drawn from `progress`,
+    results and iteration log in `out`."""
     from executor.run.live import plan_run, run_live
     from executor.run.live_options import LiveOptions
 
     options = LiveOptions(gpus=tuple(range(cfg.gpus)), model=cfg.model)
     plan = plan_run(dataclasses.replace(cfg, pages=None), options)
-    files = RunFiles(out=out, iteration_log=out / "iterations.csv")
+    files = RunFiles(out=out, iteration_log=out / "iterations.csv", progress=progress)
     if run_live(plan, options, files, [cfg.qps]) != 0:
         raise RuntimeError(f"the live run at {cfg.qps:g} QPS failed")
 

@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from calib.claims import judge, outcome_row, read_claims, write_outcomes
     from calib.figures import PLOTS
     from calib.reproduce import ReproduceOptions, run_tasks, tasks
-    from profiles.testbeds import choose_testbed, testbed_cost_model, testbed_path
+    from profiles.testbeds import choose_testbed, testbed_path
     from sim.engines import EngineOptions, local_jobs
+    from sim.setup import Resolver
 
     options = collect(ReproduceOptions, args)
     jobs = local_jobs(collect(EngineOptions, args))
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     figures = list(dict.fromkeys(options.figures))
     claims = [c for c in read_claims() if c.figure in figures]
     work = tasks(source, figures, [p for c in claims for p in c.points], args.num_requests, args.seed)
+    resolver = Resolver(testbed)
     for model in sorted({t.key.model for t in work}):  # refused here, before any point runs
-        testbed_cost_model(testbed, model)
+        resolver.priced(model)
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     title = f"testbed {testbed.name} v{testbed.version}, {args.num_requests} requests per point"
-    paths = [PLOTS[name](results, out, title) for name in figures]
+    paths = [path for name in figures for path in PLOTS[name](results, out, title)]
     outcomes = [judge(c, {k: r.summary for k, r in results.items()}) for c in claims]
     write_outcomes(outcomes, out / "claims.csv")
     write_points(results, out / "points.csv")
@@ -69,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         f"seed {args.seed}, in {wall:.0f} s on {jobs} processes ({busy:.0f} s of simulation); "
         f"orderings that hold: {sum(held)} of {len(held)}"
     )
-    print(f"wrote {', '.join(p.name for p in paths)}, claims.csv and points.csv to {out}")
+    stems = ", ".join(dict.fromkeys(p.stem for p in paths))
+    formats = " and ".join(dict.fromkeys(p.suffix for p in paths))
+    print(f"wrote {stems} ({formats}), claims.csv and points.csv to {out}")
     return 0
 
 

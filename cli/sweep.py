@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     with closing(runner(collect(EngineOptions, args))) as engine, bar("sweep", "points") as watch:
         summaries = evaluate(points, engine, cache, counts, watch)
     rows = tidy_rows(points, summaries)
-    written = write_table(rows, options.out) + plot_latency(rows, options.out)
+    written = write_table(rows, options.out)
+    plots = plot_latency(rows, options.out)
+    written += plots.paths
     wall = time.perf_counter() - started
     print_table(rows)
     builds = ", ".join(sorted({str(r["build"]) for r in rows}))
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     if not any(p.suffix == ".parquet" for p in written):
         print("(no sweep.parquet: pyarrow is not installed)")
+    for why in plots.skipped:
+        print(f"({why})")
     return 0
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from mypy_extensions import mypyc_attr
-
 from profiles.shapes import Shape
 from sangam.batcher import Microbatch
 from sangam.hardware import BLOCK
@@ -28,7 +26,6 @@ TERMS = (
 )  # fmt: skip
 
 
-@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class Coefficients:
     overhead: float
@@ -46,7 +43,6 @@ class Coefficients:
         return replace(self, knee=self.knee * bandwidth_ratio, per_context=self.per_context * bandwidth_ratio)
 
 
-@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class Features:
     graph: float

@@ -100,19 +100,6 @@ def testbed_profile(testbed: Testbed, model: str, data: Path = DATA) -> Profile 
     return load_profile_dir(model, testbed.profile_dir(model), testbed.gpu, data)
 
 
-def testbed_cost_model(
-    testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA, time_scale: float = 1.0
-) -> tuple[CostModel, str, Profile | None]:
-    """What prices `model`'s iterations on the testbed, its name for summary.json, and the profile:
-    the testbed's profile scaled by the testbed's time scales of the model (else, or with `cost`
-    'analytic', the analytic model of its GPU, unscaled), each iteration then times `time_scale`
-    (`--time-scale`)."""
-    base, name, profile = unscaled_cost_model(testbed, model, cost, data)
-    scales = testbed_scales(testbed, model, profile)
-    priced, name = scaled_cost_model(base, name, scales.times(time_scale))
-    return priced, name, profile
-
-
 def testbed_scales(testbed: Testbed, model: str, profile: Profile | None) -> TimeScales:
     """The testbed's time scales of `model`: they scale its profile; the analytic model stays unscaled."""
     return testbed.scales(model) if profile is not None else TimeScales()
@@ -121,7 +108,10 @@ def testbed_scales(testbed: Testbed, model: str, profile: Profile | None) -> Tim
 def unscaled_cost_model(
     testbed: Testbed, model: str, cost: str = "profile", data: Path = DATA
 ) -> tuple[CostModel, str, Profile | None]:
-    """`testbed_cost_model` without any time scale: the profile as measured (or derived)."""
+    """What prices `model`'s iterations on the testbed before any time scale, its name for summary.json,
+    and the profile: the testbed's profile as measured (or derived), or with `cost` 'analytic' the
+    analytic model of its GPU; ValueError (one line) where the testbed has no profile of the model.
+    `sim.setup.Resolver.priced` scales it."""
     profile = testbed_profile(testbed, model, data) if cost == "profile" else None
     directory = testbed.profile_dir(model)
     if profile is None and cost == "profile" and (data / directory).is_dir():

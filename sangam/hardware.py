@@ -34,6 +34,11 @@ class ModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
     @property
+    def qkv_width(self) -> int:
+        """Columns of the fused q, k and v projection."""
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
     def layer_params(self) -> int:
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim

@@ -27,7 +27,6 @@ from functools import partial
 from typing import Any
 
 import simpy
-from mypy_extensions import mypyc_attr
 from simpy.events import NORMAL, URGENT, EventPriority
 
 from runs.results import iteration_row
@@ -41,7 +40,6 @@ from sangam.request import Request
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
 
-@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A pairwise GPU link: transfer time = bytes / bandwidth + latency."""
@@ -57,7 +55,6 @@ class LinkSpec:
         return nbytes / (self.gb_per_s * 1e9) + self.latency_s
 
 
-@mypyc_attr(native_class=False)  # a plain class: frozen native ones cannot be unpickled
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     layout: Layout

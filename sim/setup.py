@@ -58,13 +58,20 @@ class Resolver:
         """`base` on the testbed, except where `given` (pages, arrival_clip, arrival_cv given explicitly)
         or `progress` (`--progress`) say; iterations priced by the model's profile times `scales`
         (default: the testbed's for the model) times `--time-scale`."""
-        model = base.model
+        cost, name, profile = self.priced(base.model, scales)
+        config = testbed_config(self.testbed, base, profile, given or {})
+        spec = testbed_progress(self.testbed, base.model, base.trace, progress)
+        return Setup(self.testbed, config, self.options, spec, cost, name, profile)
+
+    def priced(self, model: str, scales: TimeScales | None = None) -> tuple[CostModel, str, Profile | None]:
+        """What prices `model`'s iterations, its name for summary.json, and the profile: the testbed's
+        profile of the model (read once) times `scales` (default: the testbed's for the model) times
+        `--time-scale`; with `--cost analytic`, the analytic model of the testbed's GPU, unscaled but for
+        `scales` and `--time-scale`. ValueError (one line) where the testbed has no profile of the model."""
         if model not in self._unscaled:
             self._unscaled[model] = unscaled_cost_model(self.testbed, model, self.options.cost)
         unscaled, name, profile = self._unscaled[model]
         if scales is None:
             scales = testbed_scales(self.testbed, model, profile)
         cost, name = scaled_cost_model(unscaled, name, scales.times(self.options.time_scale))
-        config = testbed_config(self.testbed, base, profile, given or {})
-        spec = testbed_progress(self.testbed, model, base.trace, progress)
-        return Setup(self.testbed, config, self.options, spec, cost, name, profile)
+        return cost, name, profile

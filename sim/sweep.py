@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from profiles.testbed import Testbed, testbed_dict
-from profiles.testbeds import choose_testbed, testbed_cost_model
+from profiles.testbeds import choose_testbed
 from runs.args import positive_int
 from runs.build import MANIFEST
 from runs.config import RunConfig, load_progress, workload_points
 from runs.options import option
 from runs.tally import Tally, Watcher
-from sangam.cost import CostModel
 from sangam.hardware import MODELS
-from sangam.layout import parse_mode
+from sangam.layout import Kind, parse_mode
 from sim.early_stop import Exceeds
 from sim.options import SimOptions
 from sim.setup import Resolver
@@ -46,6 +45,8 @@ SOURCES = ("sangam", "runs", "sim", "profiles")  # what a point's numbers (and i
 FIRST_COLUMNS = ("model", "trace", "layout", "budget", "theta", "qps", "seed")  # the grid, then the rest
 HIDDEN = ("qps", "sim_control_ms")  # qps is listed first; the summary's `control_ms` is the control delay
 NOT_METRICS = ("config", "kv_link", "cost_model", "sim_wall_s", "build")  # wall time differs run to run
+TAGS = {"budget": "tau", "theta": "theta"}  # how a legend heads a varied grid column
+LEGEND_ROWS = 24  # legend entries in one column beside a row of panels
 
 
 def layout_list(text: str) -> list[str]:
@@ -176,14 +177,15 @@ def grid(
     return points
 
 
-_priced: dict[tuple[str, str, str, float], tuple[CostModel, str]] = {}  # per process: a profile is read once
+_resolvers: dict[tuple[str, str, float], Resolver] = {}  # per process: each profile is read once
 
 
-def _cost_model(testbed: Testbed, model: str, cost: str, time_scale: float) -> tuple[CostModel, str]:
-    key = (json.dumps(testbed_dict(testbed), sort_keys=True), model, cost, time_scale)
-    if key not in _priced:
-        _priced[key] = testbed_cost_model(testbed, model, cost, time_scale=time_scale)[:2]
-    return _priced[key]
+def _resolver(testbed: Testbed, sim: SimOptions) -> Resolver:
+    """The resolver of the points on `testbed` priced as `sim` says (its cost model and time scale)."""
+    key = (json.dumps(testbed_dict(testbed), sort_keys=True), sim.cost, sim.time_scale)
+    if key not in _resolvers:
+        _resolvers[key] = Resolver(testbed, {"cost": sim.cost, "time_scale": sim.time_scale})
+    return _resolvers[key]
 
 
 def run_point(point: Point) -> dict[str, Any]:
@@ -194,7 +196,7 @@ def run_point(point: Point) -> dict[str, Any]:
 
     cfg = point.config
     testbed = point.testbed or choose_testbed(None, cfg.gpu)
-    cost, cost_name = _cost_model(testbed, cfg.model, point.sim.cost, point.sim.time_scale)
+    cost, cost_name, _ = _resolver(testbed, point.sim).priced(cfg.model)
     ((cfg, rows),) = workload_points(cfg, [cfg.qps])
     result = simulate(
         cfg,
@@ -377,41 +379,75 @@ def _cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def plot_latency(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    """One PNG per (model, trace): mean and p99 end-to-end latency (s, averaged over seeds) against QPS,
-    a line per layout (and budget and theta where the sweep varies them). None without matplotlib."""
-    try:
-        import matplotlib
+@dataclass(frozen=True, slots=True)
+class Plots:
+    """The figures a sweep drew, and one line for each it could not draw."""
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    paths: list[Path]
+    skipped: list[str]
+
+
+def plot_latency(rows: Sequence[dict[str, Any]], out: Path) -> Plots:
+    """Per (model, trace), `latency-<model>-<trace>.png` and `.pdf`: mean and p99 end-to-end latency (s,
+    averaged over seeds) against QPS, a line per layout (and budget and theta where the sweep varies
+    them), a row of panels per layout kind with its legend beside it. Each column's latency axis is
+    shared by its rows and ends where saturated layouts would flatten the rest
+    (`runs.plotting.cap_latency`). None without matplotlib, or with more lines than one figure can
+    style apart."""
+    try:
+        from runs.plotting import DISTINCT, house_style
     except ImportError:
-        return []
+        return Plots([], ["no figures: matplotlib is not installed"])
     varied = [c for c in ("budget", "theta") if len({r[c] for r in rows}) > 1]
-    written = []
-    for (model, trace), group in _groups(rows, ("model", "trace")).items():
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-        for line, members in _groups(group, ("layout", *varied)).items():
-            label = " ".join(
-                f"{c}={v}" if c != "layout" else str(v)
-                for c, v in zip(("layout", *varied), line, strict=True)
-            )
-            by_rate = _groups(members, ("qps",))
+    plots = Plots([], [])
+    with house_style():
+        for (model, trace), group in _groups(rows, ("model", "trace")).items():
+            title = f"{model} on {Path(str(trace)).name}"
+            if (lines := len(_groups(group, ("layout", *varied)))) > DISTINCT:
+                plots.skipped.append(f"no figure of {title}: {lines} lines, more than {DISTINCT} styles")
+                continue
+            stem = out / f"latency-{model}-{_slug(str(trace))}"
+            plots.paths.extend(_latency_figure(group, varied, title, stem))
+    return plots
+
+
+def _latency_figure(
+    rows: Sequence[dict[str, Any]], varied: Sequence[str], title: str, stem: Path
+) -> list[Path]:
+    from runs.plotting import cap_latency, figure, legend_handles, legend_inches, line, save, styled
+
+    lines = _groups(rows, ("layout", *varied))
+    by_kind: dict[Kind, list[tuple[Any, ...]]] = {}
+    for key in lines:
+        by_kind.setdefault(parse_mode(key[0]).kind, []).append(key)
+    kinds = [kind for kind in Kind if kind in by_kind]
+    label = {key: ", ".join(map(str, key)) for key in lines}
+    style_of = styled(label[key] for kind in kinds for key in by_kind[kind])
+    tall = max(len(keys) for keys in by_kind.values())
+    columns = math.ceil(tall / LEGEND_ROWS)
+    row_height = max(2.5, 0.6 + 0.19 * math.ceil(tall / columns))  # a row is as tall as its legend
+    fig = figure(7.0 + columns * legend_inches(list(label.values())), 0.4 + row_height * len(kinds))
+    axes = fig.subplots(len(kinds), 2, sharex=True, squeeze=False)
+    for row, kind in zip(axes, kinds, strict=True):
+        for key in by_kind[kind]:
+            by_rate = _groups(lines[key], ("qps",))
             rates = sorted(q for (q,) in by_rate)
-            for ax, key in zip(axes, ("mean_e2el_ms", "p99_e2el_ms"), strict=True):
-                values = [_mean(r[key] for r in by_rate[(q,)]) / 1000 for q in rates]
-                ax.plot(rates, values, marker="o", label=label)
-        for ax, what in zip(axes, ("mean", "p99"), strict=True):
-            ax.set(xlabel="QPS (requests/s)", ylabel=f"{what} end-to-end latency (s)", title=what)
-            ax.grid(alpha=0.3)
-        axes[1].legend(fontsize="small")
-        fig.suptitle(f"{model} on {Path(str(trace)).name}")
-        fig.tight_layout()
-        path = out / f"latency-{model}-{_slug(str(trace))}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+            for ax, stat in zip(row, ("mean", "p99"), strict=True):
+                values = [_mean(r[f"{stat}_e2el_ms"] for r in by_rate[(q,)]) / 1000 for q in rates]
+                line(ax, rates, values, style_of[label[key]], label[key])
+                ax.set_title(f"{kind}: {stat}")
+        row[0].set_ylabel("end-to-end latency (s)")
+    capped = [ax for column in axes.T for ax in cap_latency(list(column))]
+    heading = ", ".join(["layout", *(TAGS[c] for c in varied)])
+    for row, kind in zip(axes, kinds, strict=True):
+        mine = {label[key]: style_of[label[key]] for key in by_kind[kind]}
+        handles, labels = legend_handles(mine, beyond=any(ax in capped for ax in row))
+        row[1].legend(handles, labels, title=heading, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                      frameon=False, ncols=columns, alignment="left")  # fmt: skip
+    for ax in axes[-1]:
+        ax.set_xlabel("QPS (requests/s)")
+    fig.suptitle(title)
+    return save(fig, stem)
 
 
 def _groups(

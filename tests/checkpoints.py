@@ -28,6 +28,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from executor.model.config import TRAITS, Family, ModelConfig
 from executor.model.loading import random_model
+from sangam.hardware import ModelSpec
 
 CODE = Path(__file__).resolve().parent / "checkpoint_code"
 MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e")]
@@ -74,10 +75,13 @@ class Checkpoint:
 def tiny_real(family: Family) -> ModelConfig:
     """The family's tiny shapes with its real vocabulary and ids."""
     traits = TRAITS[family]
+    shape = ModelSpec(
+        f"{family}-tiny-real", layers=2, hidden=32, heads=4, kv_heads=4 if family is Family.LLADA else 2,
+        head_dim=8, intermediate=64, vocab=LLADA_VOCAB if family is Family.LLADA else DREAM_VOCAB,
+        qkv_bias=family is Family.DREAM,
+    )  # fmt: skip
     return ModelConfig(
-        family=family, layers=2, hidden=32, heads=4, kv_heads=4 if family is Family.LLADA else 2, head_dim=8,
-        intermediate=64, vocab=LLADA_VOCAB if family is Family.LLADA else DREAM_VOCAB,
-        qkv_bias=family is Family.DREAM, rms_eps=traits.rms_eps, rope_theta=traits.rope_theta,
+        family=family, shape=shape, rms_eps=traits.rms_eps, rope_theta=traits.rope_theta,
         mask_id=traits.mask_id, eos_ids=traits.eos_ids, context_len=traits.context_len,
     )  # fmt: skip
 
@@ -85,6 +89,7 @@ def tiny_real(family: Family) -> ModelConfig:
 def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     """GSAI-ML/LLaDA-8B-Instruct's layout: 6 shards, a fast tokenizer."""
     config = tiny_real(Family.LLADA)
+    shape = config.shape
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", {
         "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
@@ -94,17 +99,17 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
             "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
             "AutoModel": "modeling_llada.LLaDAModelLM",
         },
-        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": config.hidden,
-        "embedding_dropout": 0.0, "embedding_size": config.vocab, "eos_token_id": 126081,
+        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": shape.hidden,
+        "embedding_dropout": 0.0, "embedding_size": shape.vocab, "eos_token_id": 126081,
         "flash_attention": False, "include_bias": False, "include_qkv_bias": False, "init_device": "meta",
         "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
         "layer_norm_with_affine": True, "mask_token_id": 126336, "max_sequence_length": LLADA_CONTEXT,
-        "mlp_hidden_size": config.intermediate, "mlp_ratio": 4, "model_type": "llada",
-        "multi_query_attention": None, "n_heads": config.heads, "n_kv_heads": config.kv_heads,
-        "n_layers": config.layers, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
+        "mlp_hidden_size": shape.intermediate, "mlp_ratio": 4, "model_type": "llada",
+        "multi_query_attention": None, "n_heads": shape.heads, "n_kv_heads": shape.kv_heads,
+        "n_layers": shape.layers, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
         "rms_norm_eps": config.rms_eps, "rope": True, "rope_full_precision": True,
         "rope_theta": config.rope_theta, "scale_logits": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": config.vocab,
+        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": shape.vocab,
         "weight_tying": False,
     })  # fmt: skip
     write_json(directory / "generation_config.json", {
@@ -135,20 +140,21 @@ def llada_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
 def dream_checkpoint(directory: Path, *, seed: int = 0) -> Checkpoint:
     """Dream-org/Dream-v0-Instruct-7B's layout: 4 shards, a slow tokenizer that needs remote code."""
     config = tiny_real(Family.DREAM)
+    shape = config.shape
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", {
         "architectures": ["DreamModel"], "attention_dropout": 0.0,
         "auto_map": {
             "AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel",
         },
-        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": config.hidden,
-        "initializer_range": 0.02, "intermediate_size": config.intermediate, "mask_token_id": 151666,
-        "max_position_embeddings": DREAM_POSITIONS, "max_window_layers": config.layers, "model_type": "Dream",
-        "num_attention_heads": config.heads, "num_hidden_layers": config.layers,
-        "num_key_value_heads": config.kv_heads, "pad_token_id": 151643, "rms_norm_eps": config.rms_eps,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": shape.hidden,
+        "initializer_range": 0.02, "intermediate_size": shape.intermediate, "mask_token_id": 151666,
+        "max_position_embeddings": DREAM_POSITIONS, "max_window_layers": shape.layers, "model_type": "Dream",
+        "num_attention_heads": shape.heads, "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads, "pad_token_id": 151643, "rms_norm_eps": config.rms_eps,
         "rope_scaling": None, "rope_theta": config.rope_theta, "sliding_window": None,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
-        "use_cache": True, "use_sliding_window": False, "vocab_size": config.vocab,
+        "use_cache": True, "use_sliding_window": False, "vocab_size": shape.vocab,
     })  # fmt: skip
     write_json(directory / "generation_config.json", {
         "bos_token_id": 151643, "eos_token_id": 151643, "mask_token_id": 151666, "pad_token_id": 151643,

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import app.sweep
 from app import analysis
 from app.inputs import (
     InputError,
@@ -33,11 +32,10 @@ from app.series import Intervals, binned_max, block_intervals, record_table, row
 from app.sweep import (
     PointResult,
     PointSpec,
-    cost_model,
     point_rows,
     point_specs,
     profile_label,
-    profile_pages,
+    resolve,
     run_point,
     run_sweep,
 )
@@ -45,6 +43,7 @@ from cli.main import main as cli_main
 from profiles.testbeds import load_testbed
 from runs.config import RunConfig
 from runs.results import METRICS
+from sim.options import SimOptions
 from sim.run import simulate
 
 
@@ -104,24 +103,24 @@ def test_seeds_and_a_whole_setup() -> None:
         "dream-7b", "h200", 4, 512, 4096, 2048,
     )  # fmt: skip
     assert (cfg.arrival_cv, cfg.policy.value, cfg.pages) == (2.0, "prefill-first", None)
-    assert specs[0].progress == "fixed:8" and specs[0].cost == "analytic"
+    assert specs[0].progress == "fixed:8" and specs[0].options.cost == "analytic"
 
 
 def test_the_mask_field_starts_at_what_a_run_on_the_trace_uses() -> None:
     assert [default_mask_len(t) for t in ("sharegpt", "arxiv", "upload")] == [1024, 512, 1024]
     for trace in ("sharegpt", "arxiv"):  # a run that leaves the mask buffer unset
-        run = run_point(PointSpec(RunConfig(trace=trace, num_requests=5), cost="analytic"))
+        run = run_point(
+            PointSpec(RunConfig(trace=trace, num_requests=5), options=SimOptions(cost="analytic"))
+        )
         assert default_mask_len(trace) == run.summary["config"]["mask_len"]
 
 
-def test_each_gpu_profile_is_labelled_by_its_provenance(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_gpu_profile_is_labelled_by_its_provenance() -> None:
     assert profile_label("llada-8b", "h200") == "h200 profile, measured"
     assert profile_label("llada-8b", "h100") == "h100 profile, derived from h200"
     for model in ("llada-8b", "dream-7b"):  # the label says what a run's summary records
         for gpu in ("h100", "h200"):
-            assert profile_label(model, gpu).endswith(cost_model(RunConfig(model=model, gpu=gpu))[1])
-    monkeypatch.setattr(app.sweep, "_priced", lambda model, gpu, cost: (None, "analytic", None))
-    assert profile_label("llada-8b", "h100") == "h100, no profile (analytic model)"
+            assert profile_label(model, gpu).endswith(resolve(RunConfig(model=model, gpu=gpu)).cost_name)
 
 
 def test_an_uploaded_trace_is_checked_and_named_by_its_upload_name() -> None:
@@ -138,11 +137,13 @@ def test_an_uploaded_trace_is_checked_and_named_by_its_upload_name() -> None:
 
 
 def test_the_cache_key_holds_every_value_that_decides_a_point() -> None:
-    a, b = point_specs(RunConfig(num_requests=10), ["8C"], [5.0, 6.0], [0])
+    setup = resolve(RunConfig(num_requests=10))
+    a, b = point_specs(setup, ["8C"], [5.0, 6.0], [0])
     assert a.key != b.key
-    assert a.key == point_specs(RunConfig(num_requests=10), ["colocated"], [5.0], [0])[0].key
-    assert PointSpec(a.cfg, "fixed:4").key != a.key
-    assert PointSpec(a.cfg, trace_digest="x").key != a.key
+    assert a.key == point_specs(setup, ["colocated"], [5.0], [0])[0].key
+    assert PointSpec(a.cfg, "fixed:4", options=a.options).key != a.key
+    assert PointSpec(a.cfg, a.progress, trace_digest="x", options=a.options).key != a.key
+    assert PointSpec(a.cfg, a.progress, options=SimOptions(control_ms=1.0)).key != a.key
 
 
 @pytest.mark.parametrize("cost", ["profile", "analytic"])
@@ -150,9 +151,9 @@ def test_a_point_is_what_sangam_sim_computes(tmp_path: Path, cost: str) -> None:
     args = ["sim", "--mode", "5P3C", "--qps", "9", "--num-requests", "60", "--cost", cost, "--seed", "2"]
     assert cli_main([*args, "--out", str(tmp_path)]) == 0
     expected = json.loads((tmp_path / "summary.json").read_text())
-    base = RunConfig(num_requests=60, pages=profile_pages("llada-8b", "h100", cost))
-    got = run_point(point_specs(base, ["5P3C"], [9.0], [2], cost=cost)[0]).summary
-    assert got["cost_model"] == expected["cost_model"] == cost_model(base, cost)[1]
+    setup = resolve(RunConfig(num_requests=60), cost)
+    got = run_point(point_specs(setup, ["5P3C"], [9.0], [2])[0]).summary
+    assert got["cost_model"] == expected["cost_model"] == setup.cost_name
     assert got["config"] == expected["config"]
     for metric in METRICS:
         assert got[f"p99_{metric}_ms"] == expected[f"p99_{metric}_ms"]
@@ -160,7 +161,7 @@ def test_a_point_is_what_sangam_sim_computes(tmp_path: Path, cost: str) -> None:
 
 
 def test_run_point_matches_the_simulator_and_keeps_per_worker_series() -> None:
-    spec = point_specs(RunConfig(num_requests=30), ["5P3D"], [8.0], [1])[0]
+    spec = point_specs(resolve(RunConfig(num_requests=30)), ["5P3D"], [8.0], [1])[0]
     result = run_point(spec)
     assert (result.layout, result.qps, result.seed) == ("5P3D", 8.0, 1)
     assert len(result.requests) == 30 and result.summary["completed"] == 30
@@ -170,7 +171,7 @@ def test_run_point_matches_the_simulator_and_keeps_per_worker_series() -> None:
 
 
 def test_run_sweep_keeps_the_order_and_reports_progress() -> None:
-    specs = point_specs(RunConfig(num_requests=5), ["8C", "4P4C"], [5.0, 6.0], [0])
+    specs = point_specs(resolve(RunConfig(num_requests=5)), ["8C", "4P4C"], [5.0, 6.0], [0])
     done: list[tuple[int, int]] = []
 
     def local(spec: PointSpec, pool: Executor) -> PointResult:  # a cache that always answers
@@ -182,9 +183,9 @@ def test_run_sweep_keeps_the_order_and_reports_progress() -> None:
 
 
 def test_run_sweep_in_worker_processes_and_its_errors() -> None:
-    specs = point_specs(RunConfig(num_requests=5), ["8C"], [5.0, 6.0], [0])
+    specs = point_specs(resolve(RunConfig(num_requests=5)), ["8C"], [5.0, 6.0], [0])
     assert [r.qps for r in run_sweep(specs)] == [5.0, 6.0]
-    too_small = point_specs(RunConfig(num_requests=5, pages=10), ["8C"], [5.0], [0])
+    too_small = point_specs(resolve(RunConfig(num_requests=5), given={"pages": 10}), ["8C"], [5.0], [0])
     with pytest.raises(ValueError, match="KV pages, a worker holds 10"):
         run_sweep(too_small)
 
@@ -255,10 +256,9 @@ def test_the_sim_and_blocks_csv_give_the_same_table(tmp_path: Path) -> None:
         pd.read_csv(folder / "requests.csv")[["request_id", "seq_len"]], on="request_id"
     )
     from_csv = rows_table(blocks.to_dict("records"))
-    spec = point_specs(
-        RunConfig(num_requests=30, pages=profile_pages("llada-8b", "h100")), ["3P5C"], [8.0], [0]
-    )[0]
-    result = simulate(spec.cfg, point_rows(spec), cost_model(spec.cfg)[0])
+    setup = resolve(RunConfig(num_requests=30))
+    spec = point_specs(setup, ["3P5C"], [8.0], [0])[0]
+    result = simulate(spec.cfg, point_rows(spec), setup.cost)
     np.testing.assert_array_equal(record_table(result.requests), from_csv)
 
 
@@ -284,7 +284,7 @@ def test_the_knee_is_the_last_rate_before_the_first_miss() -> None:
 
 
 def test_seeds_are_averaged_and_cdfs_are_capped() -> None:
-    specs = point_specs(RunConfig(num_requests=12), ["8C"], [6.0], [0, 1])
+    specs = point_specs(resolve(RunConfig(num_requests=12)), ["8C"], [6.0], [0, 1])
     results = [run_point(s) for s in specs]
     avg = analysis.averaged(analysis.points_frame(results))
     assert len(avg) == 1 and avg.loc[0, "seeds"] == 2
@@ -337,13 +337,13 @@ def test_a_run_is_simulated_on_its_own_model_device_and_testbed(tmp_path: Path) 
     folder = sim_results_dir(tmp_path / "ref", extra=("--testbed", "reference-h100"))
     run = load_directory(folder)
     spec = twin_spec(run)
-    assert spec.testbed == "reference-h100"  # a simulated run's own testbed, so it is reproduced exactly
+    assert spec.options.testbed == "reference-h100"  # a simulated run's own, so it is reproduced exactly
     table = comparison_frame(run.summary, run_point(spec).summary)
     assert table["sim_vs_live_pct"].abs().max() == pytest.approx(0.0, abs=1e-9)
     gpu = as_live(sim_results_dir(tmp_path / "gpu"), devices=["cuda:0", "cuda:0"], live_model="llada-8b",
                   gpu="h200")  # fmt: skip
     spec = twin_spec(load_directory(gpu))
-    assert (spec.testbed, spec.cfg.gpu) == ("sangam-h200", "h200")  # our executor on its GPU
+    assert (spec.options.testbed, spec.cfg.gpu) == ("sangam-h200", "h200")  # our executor on its GPU
     assert "2 workers shared 1 GPU" in twin_notes(load_directory(gpu).summary)[0]
     cpu = as_live(sim_results_dir(tmp_path / "cpu"), devices=["cpu"] * 8, live_model="tiny-llada")
     with pytest.raises(InputError, match=r"served tiny-llada on 8 CPU workers: .* no twin of this run"):
@@ -458,9 +458,9 @@ def test_a_testbed_sets_the_gpu_pages_forwards_link_and_arrivals_of_a_setup() ->
     bed = load_testbed("sangam-h200")
     setup = build_setup(**common, progress="", testbed="sangam-h200")  # type: ignore[arg-type]
     (spec,) = setup.specs()
-    assert (spec.cfg.gpu, spec.cfg.pages, spec.testbed) == ("h200", 13167, "sangam-h200")
+    assert (spec.cfg.gpu, spec.cfg.pages, spec.options.testbed) == ("h200", 13167, "sangam-h200")
     assert spec.progress == bed.progress_spec("llada-8b", "arxiv")
-    assert spec.control_s == bed.control_ms.value / 1000 and spec.link.gb_per_s == bed.link.gb_per_s
+    assert spec.options.control_ms == bed.control_ms.value and spec.options.link_gbps == bed.link.gb_per_s
     assert run_point(spec).summary["cost_model"] == "measured"
     given = build_setup(**common, progress="fixed:4", testbed="sangam-h200")  # type: ignore[arg-type]
     assert given.specs()[0].progress == "fixed:4"

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from benchmarks.executor_speed import (
     FP8_SPEEDUP,
-    SPECS,
     Row,
     bound,
     count,
@@ -22,13 +21,13 @@ from benchmarks.executor_speed import (
     parts_bound,
     serial_bound_ms,
 )
-from executor.model.config import Family
+from executor.model.config import Family, full_size
 from sangam.hardware import BLOCK
 
 
 def decode_row(model: Family, items: int, ms: float = 10.0) -> Row:
     rows = BLOCK + (1 if model is Family.DREAM else 0)
-    flops, nbytes = count(SPECS[model], items, rows, 1819, decode=True)
+    flops, nbytes = count(full_size(model).shape, items, rows, 1819, decode=True)
     bound_ms, by = bound(flops, nbytes)
     return Row(model.value, "decode", items, 1819, "on", True, ms, flops, nbytes, bound_ms, by, "<=1.5x")
 
@@ -96,7 +95,7 @@ def test_old_files_without_a_quantization_read_as_bf16(tmp_path, capsys) -> None
 
 
 def test_fp8_halves_body_weight_bytes_and_doubles_their_rate() -> None:
-    spec = SPECS[Family.LLADA]
+    spec = full_size(Family.LLADA).shape
     (body16, head16), attention16 = count_parts(spec, 8, BLOCK, 1819, True)
     (body8, head8), attention8 = count_parts(spec, 8, BLOCK, 1819, True, "fp8")
     assert body8[0] == body16[0] and body8[1] == body16[1] / 2 and body8[2] == FP8_SPEEDUP * body16[2]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
-import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,20 +129,35 @@ def test_clean_removes_the_built_files_only(tmp_path: Path, monkeypatch: pytest.
     assert build.built_files(tmp_path) == [] and build.source_path("sangam.kv", tmp_path).exists()
 
 
-def test_frozen_dataclasses_of_the_native_modules_stay_python_classes() -> None:
-    """Process pools and Ray pickle them, and a frozen native class cannot be unpickled; a Python
-    class with slots keeps its fields in member descriptors, a native one in getset descriptors."""
-    frozen = [
-        cls
-        for module in NATIVE_MODULES
-        for _, cls in inspect.getmembers(importlib.import_module(module), inspect.isclass)
-        if cls.__module__ == module and dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
-    ]
-    assert {"LinkSpec", "ClusterConfig", "Coefficients", "Features"} <= {cls.__name__ for cls in frozen}
-    for cls in frozen:
-        for field in dataclasses.fields(cls):
-            assert isinstance(cls.__dict__[field.name], types.MemberDescriptorType), (cls, field.name)
-    from sim.cluster import LinkSpec
+def classes(tp: Any, seen: set[type] | None = None) -> set[type]:
+    """Every class a value of type `tp` can hold: its type arguments, and a dataclass's fields, followed
+    down."""
+    seen = set() if seen is None else seen
+    for arg in typing.get_args(tp):
+        classes(arg, seen)
+    origin = typing.get_origin(tp) or tp
+    if isinstance(origin, type) and origin not in seen:
+        seen.add(origin)
+        if dataclasses.is_dataclass(origin):
+            for hint in typing.get_type_hints(origin).values():
+                classes(hint, seen)
+    return seen
 
-    link = LinkSpec(25.0, 0.002)
-    assert pickle.loads(pickle.dumps(link)) == link  # what process pools and Ray do
+
+def test_what_worker_processes_are_sent_and_return_holds_no_native_class() -> None:
+    """Process pools and Ray pickle a point and its result, and a frozen native class cannot be
+    unpickled: a point is plain data (a config, options, names), from which the worker rebuilds what
+    runs it (its testbed's `sim.setup.Resolver`), whichever build is installed."""
+    from app.sweep import PointResult, PointSpec, point_specs, resolve
+    from calib.reproduce import PointOutcome, Task
+    from runs.config import RunConfig
+    from sim.options import SimOptions
+    from sim.sweep import GridOptions, Point, grid
+
+    for sent in (Point, PointSpec, PointResult, Task, PointOutcome):
+        native = {cls for cls in classes(sent) if cls.__module__ in NATIVE_MODULES}
+        assert not native, (sent, native)
+    base = RunConfig(mode="1P1D", num_requests=5)
+    for point in (grid(base, GridOptions(), [1.0], SimOptions(), None)[0],
+                  point_specs(resolve(base), ["1P1D"], [1.0], [0])[0]):  # fmt: skip
+        assert pickle.loads(pickle.dumps(point)) == point  # what process pools and Ray do

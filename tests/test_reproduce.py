@@ -48,6 +48,9 @@ def test_reproduce_one_figure_writes_its_plot_and_claims_as_sangam_sim_gives_the
     printed = capsys.readouterr().out
     assert "8-fastdllm-0.5" in printed and "orderings that hold" in printed
     assert (out / "fig8.png").stat().st_size > 10_000 and not (out / "fig9.png").exists()
+    assert (out / "fig8.pdf").read_bytes().startswith(
+        b"%PDF"
+    ) and "wrote fig8 (.png and .pdf), claims.csv" in printed
     with (out / "claims.csv").open() as f:
         rows = {r["id"]: r for r in csv.DictReader(f)}
     assert set(rows) == {c.id for c in read_claims() if c.figure == "fig8"}

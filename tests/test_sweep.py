@@ -53,7 +53,8 @@ def test_table_is_tidy_one_row_per_point_config_then_metrics(first: Path) -> Non
         low, high = (r for r in rows if r["layout"] == layout)
         assert float(high["mean_e2el_ms"]) > float(low["mean_e2el_ms"]) > 0
     assert (first / "sweep.parquet").exists() == _has("pyarrow")
-    assert (first / "latency-llada-8b-sharegpt.png").exists() == _has("matplotlib")
+    for fmt in ("png", "pdf"):
+        assert (first / f"latency-llada-8b-sharegpt.{fmt}").exists() == _has("matplotlib")
 
 
 def test_a_repeated_sweep_runs_no_point_and_writes_the_same_table(first: Path, tmp_path: Path) -> None:

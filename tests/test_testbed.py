@@ -24,6 +24,7 @@ from sangam.batcher import Microbatch
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
 from sangam.workload import TraceRow, with_arrivals
 from sim.options import SimOptions, options_on_testbed
+from sim.setup import Resolver
 from tests.factories import make_request
 
 SHIPPED = ("sangam-h100", "sangam-h200", "reference-h200", "reference-h100")
@@ -102,13 +103,13 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
 ) -> None:
     data = reference_data(tmp_path)
     h100 = load_testbed("reference-h100")
-    _, name, profile = tb.testbed_cost_model(h100, "llada-8b", data=data)
+    _, name, profile = tb.unscaled_cost_model(h100, "llada-8b", data=data)
     assert (
         profile is not None
         and profile.derived_from == "h200"
         and name == "h200-reference profile, derived from h200"
     )
-    ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h100"), "llada-8b")
+    ours, _, _ = Resolver(load_testbed("sangam-h100")).priced("llada-8b")
     assert profile.coefficients == ours.coefficients  # type: ignore[attr-defined]  # same data, same derivation
     cfg = tb.testbed_config(h100, RunConfig(mode="1C"), profile, {})
     assert (cfg.gpu, cfg.pages, cfg.arrival_clip) == ("h100", 5632, 3.0)
@@ -123,7 +124,7 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
     given_link = options_on_testbed(other, {"link_gbps": 5.0})
     assert (given_link.link, given_link.link_gbps, given_link.link_latency_ms) == (None, 5.0, 1.0)
     with pytest.raises(ValueError, match="are missing"):
-        tb.testbed_cost_model(h100, "llada-8b", data=tmp_path / "empty")
+        tb.unscaled_cost_model(h100, "llada-8b", data=tmp_path / "empty")
 
 
 def test_a_written_testbed_reads_back(tmp_path: Path) -> None:
@@ -161,23 +162,23 @@ def test_counts_spec_round_trips_observed_forwards() -> None:
 
 
 def test_the_reference_testbeds_price_both_models_with_its_measured_profiles() -> None:
-    h100, h200 = load_testbed("reference-h100"), load_testbed("reference-h200")
+    h100, h200 = Resolver(load_testbed("reference-h100")), Resolver(load_testbed("reference-h200"))
     for model in ("llada-8b", "dream-7b"):
-        _, name, profile = tb.testbed_cost_model(h100, model)
+        _, name, profile = h100.priced(model)
         assert profile is not None and name == "h200-reference profile, derived from h200"
         assert profile.model == model and profile.meta["peer"] == "UT-InfraAI/sangam"
-        _, measured_name, measured = tb.testbed_cost_model(h200, model)
+        _, measured_name, measured = h200.priced(model)
         assert measured is not None and measured_name == "h200-reference profile, measured"
         assert measured.meta["peer"] == "UT-InfraAI/sangam"
     # reference-h200 prices Dream with the reference's own times, not ours: one decode at context 1819
     # took the reference 8.58 ms and us 6.18 ms on the H200 (profiles/data/h200-reference/dream-7b.csv)
     decode = Microbatch((make_request(1, 1819),), (), 0, 0, 0, 0)
-    ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h200"), "dream-7b")
-    theirs, _, _ = tb.testbed_cost_model(h200, "dream-7b")
+    ours, _, _ = Resolver(load_testbed("sangam-h200")).priced("dream-7b")
+    theirs, _, _ = h200.priced("dream-7b")
     assert theirs.seconds(decode) == pytest.approx(8.58e-3, rel=0.1)
     assert ours.seconds(decode) == pytest.approx(6.18e-3, rel=0.1)
-    stand_in = dataclasses.replace(h100, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
-    _, dream_name, dream = tb.testbed_cost_model(stand_in, "dream-7b")
+    stand_in = dataclasses.replace(h100.testbed, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
+    _, dream_name, dream = Resolver(stand_in).priced("dream-7b")
     assert dream is not None and dream_name == "derived from h200" and dream.model == "dream-7b"
     assert load_testbed("reference-h100").profile_models == {}
     raw = as_dict(stand_in)

@@ -33,7 +33,7 @@ def _llada_names(config: ModelConfig) -> NameMap:
         "norm.weight": (f"{root}.ln_f.weight",),
         "lm_head.weight": (f"{root}.ff_out.weight",),
     }
-    for i in range(config.layers):
+    for i in range(config.shape.layers):
         block = f"{root}.blocks.{i}"
         names |= {
             f"layers.{i}.attn_norm.weight": (f"{block}.attn_norm.weight",),
@@ -52,7 +52,7 @@ def _dream_names(config: ModelConfig) -> NameMap:
         "norm.weight": ("model.norm.weight",),
         "lm_head.weight": ("lm_head.weight",),
     }
-    for i in range(config.layers):
+    for i in range(config.shape.layers):
         layer = f"model.layers.{i}"
         names |= {
             f"layers.{i}.attn_norm.weight": (f"{layer}.input_layernorm.weight",),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sangam.hardware import MODELS
+from sangam.hardware import MODELS, ModelSpec
 
 TINY_CONTEXT = 4096  # the tiny twins' context window, as LLaDA-8B's
 
@@ -41,17 +41,11 @@ TRAITS: dict[Family, FamilyTraits] = {
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape and numerics of one bidirectional pre-norm transformer (RMSNorm, RoPE, SwiGLU, untied head)."""
+    """One bidirectional pre-norm transformer (RMSNorm, RoPE, SwiGLU, untied head): its shape, as the cost
+    models know it, and the numerics and token ids the executor needs beyond it."""
 
     family: Family
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    qkv_bias: bool
+    shape: ModelSpec
     rms_eps: float
     rope_theta: float
     mask_id: int
@@ -59,35 +53,24 @@ class ModelConfig:
     context_len: int  # tokens: a prompt plus its mask buffer must fit
 
     def __post_init__(self) -> None:
-        if self.heads % self.kv_heads:
-            raise ValueError(f"{self.heads} query heads do not group over {self.kv_heads} KV heads")
+        shape = self.shape
+        if shape.heads % shape.kv_heads:
+            raise ValueError(f"{shape.heads} query heads do not group over {shape.kv_heads} KV heads")
         for name, token in [("mask", self.mask_id), *(("eos", t) for t in self.eos_ids)]:
-            if not 0 <= token < self.vocab:
-                raise ValueError(f"{name} token {token} lies outside the vocabulary of {self.vocab}")
+            if not 0 <= token < shape.vocab:
+                raise ValueError(f"{name} token {token} lies outside the vocabulary of {shape.vocab}")
 
     @property
     def logit_shift(self) -> int:
         return TRAITS[self.family].logit_shift
 
-    @property
-    def qkv_width(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
-
 
 def full_size(family: Family) -> ModelConfig:
     """LLaDA-8B or Dream-7B, shaped by `sangam.hardware.MODELS` so the cost models and the executor agree."""
-    spec = MODELS["llada-8b" if family is Family.LLADA else "dream-7b"]
     traits = TRAITS[family]
     return ModelConfig(
         family=family,
-        layers=spec.layers,
-        hidden=spec.hidden,
-        heads=spec.heads,
-        kv_heads=spec.kv_heads,
-        head_dim=spec.head_dim,
-        intermediate=spec.intermediate,
-        vocab=spec.vocab,
-        qkv_bias=spec.qkv_bias,
+        shape=MODELS["llada-8b" if family is Family.LLADA else "dream-7b"],
         rms_eps=traits.rms_eps,
         rope_theta=traits.rope_theta,
         mask_id=traits.mask_id,
@@ -101,14 +84,17 @@ def tiny(family: Family) -> ModelConfig:
     traits = TRAITS[family]
     return ModelConfig(
         family=family,
-        layers=2,
-        hidden=64,
-        heads=4,
-        kv_heads=4 if family is Family.LLADA else 2,
-        head_dim=16,
-        intermediate=128,
-        vocab=300,
-        qkv_bias=family is Family.DREAM,
+        shape=ModelSpec(
+            f"{family}-tiny",
+            layers=2,
+            hidden=64,
+            heads=4,
+            kv_heads=4 if family is Family.LLADA else 2,
+            head_dim=16,
+            intermediate=128,
+            vocab=300,
+            qkv_bias=family is Family.DREAM,
+        ),
         rms_eps=traits.rms_eps,
         rope_theta=traits.rope_theta,
         mask_id=299,

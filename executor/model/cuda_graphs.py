@@ -155,8 +155,8 @@ class GraphedModelRunner:
         self.enabled = enabled
         self.shift = runner.model.config.logit_shift
         self.rows = BLOCK + self.shift  # query rows of one decode item
-        config = runner.model.config
-        self.group = config.heads // config.kv_heads  # FlashInfer packs a KV head's query heads as rows
+        shape = runner.model.config.shape
+        self.group = shape.heads // shape.kv_heads  # FlashInfer packs a KV head's query heads as rows
         self.dummy_pages: list[int] = []
         device = runner.model.device
         self._multiprocessors = (
@@ -312,7 +312,7 @@ class GraphedModelRunner:
     def _subitems(self, size: int) -> int | None:
         if self._multiprocessors == 0 or not replans_supported():
             return None
-        kv_heads = self.runner.model.config.kv_heads
+        kv_heads = self.runner.model.config.shape.kv_heads
         return unsplit_subitems(size, self.rows, self.group, kv_heads, self._multiprocessors)
 
     def host_milliseconds(self, reset: bool = True) -> dict[str, float]:
@@ -407,13 +407,13 @@ class GraphedModelRunner:
         work tiles (one more per entry, empty ones included), heads * tiles * cta_tile_q * (head_dim + 1)
         fp32 values: over 128 MiB (the eager workspace) for Dream at 32 items.
         """
-        config = self.model.config
+        shape = self.model.config.shape
         items = size + self.tile_entries(size)  # plan entries, empty ones included
         sms = torch.cuda.get_device_properties(self.model.device).multi_processor_count
         need = 0
         for tile in (16, 64, 128):  # FlashInfer picks the CTA tile from the rows: take the worst
-            tiles = max(2 * sms // config.kv_heads, -(-size * self.rows * self.group // tile) + items - 1)
-            need = max(need, config.heads * tiles * tile * (config.head_dim + 1) * 4)
+            tiles = max(2 * sms // shape.kv_heads, -(-size * self.rows * self.group // tile) + items - 1)
+            need = max(need, shape.heads * tiles * tile * (shape.head_dim + 1) * 4)
         return max(need + (16 << 20), WORKSPACE_BYTES)
 
     def _padding_layout(self, size: int) -> AttentionLayout:

@@ -159,9 +159,9 @@ class FlashInferAttention:
         **kwargs: Any,
     ) -> FlashInferAttention:
         return cls(
-            config.heads,
-            config.kv_heads,
-            config.head_dim,
+            config.shape.heads,
+            config.shape.kv_heads,
+            config.shape.head_dim,
             dtype=dtype,
             kv_dtype=kv_dtype,
             device=device,

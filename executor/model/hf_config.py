@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.model.config import TRAITS, Family, ModelConfig
+from sangam.hardware import ModelSpec
 
 ARCHITECTURES = {traits.architecture: family for family, traits in TRAITS.items()}
 
@@ -31,18 +32,18 @@ def read_config(directory: str | Path) -> ModelConfig:
     if architecture not in ARCHITECTURES:
         raise ValueError(f"{path}: architecture {architecture!r} is not one of {sorted(ARCHITECTURES)}")
     family = ARCHITECTURES[architecture]
-    shapes = _llada_shapes(raw) if family is Family.LLADA else _dream_shapes(raw)
+    shape = (_llada_shape if family is Family.LLADA else _dream_shape)(path.name, raw)
     if raw.get("rope_scaling"):
         raise ValueError(f"{path}: rope_scaling {raw['rope_scaling']} is not implemented")
     traits = TRAITS[family]
     return ModelConfig(
         family=family,
+        shape=shape,
         rms_eps=float(raw.get("rms_norm_eps", traits.rms_eps)),
         rope_theta=float(raw.get("rope_theta", traits.rope_theta)),
         mask_id=int(raw.get("mask_token_id", traits.mask_id)),
-        eos_ids=_stop_ids(path, raw, traits.eos_ids, shapes["vocab"]),
+        eos_ids=_stop_ids(path, raw, traits.eos_ids, shape.vocab),
         context_len=context_window(raw),
-        **shapes,
     )
 
 
@@ -66,37 +67,39 @@ def context_window(raw: dict[str, Any]) -> int:
     return min(documented, position_limit(raw))
 
 
-def _llada_shapes(raw: dict[str, Any]) -> dict[str, Any]:
+def _llada_shape(name: str, raw: dict[str, Any]) -> ModelSpec:
     _require(raw, "weight_tying", False)
     _require(raw, "include_bias", False)
     _require(raw, "include_qkv_bias", False)
     _require(raw, "block_type", "llama")
     heads = raw["n_heads"]
-    return {
-        "layers": raw["n_layers"],
-        "hidden": raw["d_model"],
-        "heads": heads,
-        "kv_heads": raw.get("n_kv_heads") or heads,
-        "head_dim": raw["d_model"] // heads,
-        "intermediate": raw["mlp_hidden_size"],
-        "vocab": raw.get("embedding_size") or raw["vocab_size"],  # wte rows; LLaDA pads the vocab to this
-        "qkv_bias": False,
-    }
+    return ModelSpec(
+        name,
+        layers=raw["n_layers"],
+        hidden=raw["d_model"],
+        heads=heads,
+        kv_heads=raw.get("n_kv_heads") or heads,
+        head_dim=raw["d_model"] // heads,
+        intermediate=raw["mlp_hidden_size"],
+        vocab=raw.get("embedding_size") or raw["vocab_size"],  # wte rows; LLaDA pads the vocab to this
+        qkv_bias=False,
+    )
 
 
-def _dream_shapes(raw: dict[str, Any]) -> dict[str, Any]:
+def _dream_shape(name: str, raw: dict[str, Any]) -> ModelSpec:
     _require(raw, "tie_word_embeddings", False)
     heads = raw["num_attention_heads"]
-    return {
-        "layers": raw["num_hidden_layers"],
-        "hidden": raw["hidden_size"],
-        "heads": heads,
-        "kv_heads": raw.get("num_key_value_heads") or heads,
-        "head_dim": raw.get("head_dim") or raw["hidden_size"] // heads,
-        "intermediate": raw["intermediate_size"],
-        "vocab": raw["vocab_size"],
-        "qkv_bias": True,
-    }
+    return ModelSpec(
+        name,
+        layers=raw["num_hidden_layers"],
+        hidden=raw["hidden_size"],
+        heads=heads,
+        kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        intermediate=raw["intermediate_size"],
+        vocab=raw["vocab_size"],
+        qkv_bias=True,
+    )
 
 
 def _require(raw: dict[str, Any], key: str, expected: object) -> None:

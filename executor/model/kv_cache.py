@@ -63,7 +63,8 @@ class PagedKVCache:
     def for_model(
         cls, pool: PagePool, config: ModelConfig, *, dtype: torch.dtype, device: str | torch.device
     ) -> PagedKVCache:
-        return cls(pool, config.layers, config.kv_heads, config.head_dim, dtype=dtype, device=device)
+        shape = config.shape
+        return cls(pool, shape.layers, shape.kv_heads, shape.head_dim, dtype=dtype, device=device)
 
     def page_table(self, owner: int) -> list[int]:
         """The page ids `owner` (a request id) holds in the pool, in position order."""

@@ -26,9 +26,10 @@ class LayerAttention(Protocol):
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.qkv = nn.Linear(config.hidden, config.qkv_width, bias=config.qkv_bias)
-        self.out = nn.Linear(config.heads * config.head_dim, config.hidden, bias=False)
+        shape = config.shape
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.qkv = nn.Linear(shape.hidden, shape.qkv_width, bias=shape.qkv_bias)
+        self.out = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
     def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -48,10 +49,11 @@ class Layer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden, config.rms_eps)
+        hidden = config.shape.hidden
+        self.attn_norm = RMSNorm(hidden, config.rms_eps)
         self.attn = SelfAttention(config)
-        self.mlp_norm = RMSNorm(config.hidden, config.rms_eps)
-        self.mlp = SwiGLU(config.hidden, config.intermediate)
+        self.mlp_norm = RMSNorm(hidden, config.rms_eps)
+        self.mlp = SwiGLU(hidden, config.shape.intermediate)
 
     def forward(
         self, delta: Tensor | None, residual: Tensor, rope: Rotary, layer: int, attend: LayerAttention
@@ -71,17 +73,18 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab, config.hidden)
-        self.layers = nn.ModuleList(Layer(config) for _ in range(config.layers))
-        self.norm = RMSNorm(config.hidden, config.rms_eps)
-        self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
+        shape = config.shape
+        self.embed = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden, config.rms_eps)
+        self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend: LayerAttention, head_rows: Tensor) -> Tensor:
         """Logits (len(head_rows), vocab) at packed rows `head_rows` of `tokens` (T,) at `positions` (T,).
 
         The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
         """
-        rope = Rotary(positions, self.config.head_dim, self.config.rope_theta)
+        rope = Rotary(positions, self.config.shape.head_dim, self.config.rope_theta)
         delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend)
         for index in range(1, len(self.layers)):
             delta, residual = self.layers[index](delta, residual, rope, index, attend)

@@ -345,7 +345,7 @@ def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) 
 
     kv_dtype = cache.layers[0].dtype
     if supports(model.device, model.dtype):
-        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.head_dim,))
+        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.shape.head_dim,))
     backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
     runner = ModelRunner(model, cache, backend)
     if not cuda_graphs or not supports(model.device, model.dtype):

@@ -306,7 +306,7 @@ def main() -> int:
                 worker_id=args.worker_id,
                 address=address,
                 pages=pool.num_free,  # what requests can use: CUDA graphs keep a few padding pages
-                vocab=config.vocab,
+                vocab=config.shape.vocab,
                 mask_id=config.mask_id,
                 eos_ids=tuple(config.eos_ids),
                 model=args.model if args.weights == "random" else str(args.weights),

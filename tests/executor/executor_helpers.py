@@ -4,6 +4,7 @@ decode item's next step."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def dense_block_logits(model: Transformer, tokens: Tensor, block_start: int) -> 
 def checkpoint_tensors(model: Transformer) -> dict[str, Tensor]:
     """The model's weights split back into the family's HF checkpoint names."""
     config, state = model.config, model.state_dict()
-    q, kv = config.heads * config.head_dim, config.kv_heads * config.head_dim
+    q, kv = config.shape.heads * config.shape.head_dim, config.shape.kv_heads * config.shape.head_dim
     tensors: dict[str, Tensor] = {}
     for ours, sources in checkpoint_names(config).items():
         sizes = [q, kv, kv] if ".qkv." in ours else [len(state[ours]) // len(sources)] * len(sources)
@@ -57,20 +58,25 @@ def checkpoint_tensors(model: Transformer) -> dict[str, Tensor]:
     return tensors
 
 
+def reshaped(config: ModelConfig, **shape: int) -> ModelConfig:
+    """`config` with some of its shape's dimensions changed."""
+    return replace(config, shape=replace(config.shape, **shape))
+
+
 def hf_config_json(config: ModelConfig) -> dict[str, object]:
     """config.json as each family's HF repository writes it (the keys our reader uses)."""
     if config.family is Family.LLADA:
         return {
             "architectures": ["LLaDAModelLM"],
             "model_type": "llada",
-            "n_layers": config.layers,
-            "d_model": config.hidden,
-            "n_heads": config.heads,
-            "n_kv_heads": config.kv_heads,
-            "mlp_hidden_size": config.intermediate,
+            "n_layers": config.shape.layers,
+            "d_model": config.shape.hidden,
+            "n_heads": config.shape.heads,
+            "n_kv_heads": config.shape.kv_heads,
+            "mlp_hidden_size": config.shape.intermediate,
             "mlp_ratio": 4,
-            "vocab_size": config.vocab,
-            "embedding_size": config.vocab,
+            "vocab_size": config.shape.vocab,
+            "embedding_size": config.shape.vocab,
             "rms_norm_eps": config.rms_eps,
             "rope_theta": config.rope_theta,
             "weight_tying": False,
@@ -83,12 +89,12 @@ def hf_config_json(config: ModelConfig) -> dict[str, object]:
     return {
         "architectures": ["DreamModel"],
         "model_type": "Dream",
-        "num_hidden_layers": config.layers,
-        "hidden_size": config.hidden,
-        "num_attention_heads": config.heads,
-        "num_key_value_heads": config.kv_heads,
-        "intermediate_size": config.intermediate,
-        "vocab_size": config.vocab,
+        "num_hidden_layers": config.shape.layers,
+        "hidden_size": config.shape.hidden,
+        "num_attention_heads": config.shape.heads,
+        "num_key_value_heads": config.shape.kv_heads,
+        "intermediate_size": config.shape.intermediate,
+        "vocab_size": config.shape.vocab,
         "rms_norm_eps": config.rms_eps,
         "rope_theta": config.rope_theta,
         "rope_scaling": None,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from executor_helpers import bits, dense_block_logits
+from executor_helpers import bits, dense_block_logits, reshaped
 from torch import Tensor
 
 from executor.model.attention import TorchAttention
@@ -55,7 +53,7 @@ def test_prefill_equals_dense_forward(family: Family) -> None:
     admit(runner, 7, tokens)
     for block_start in (37, 69):
         logits = runner.forward([ForwardItem(7, Phase.PREFILL, tokens, block_start)])
-        assert logits.shape == (1, BLOCK, model.config.vocab)
+        assert logits.shape == (1, BLOCK, model.config.shape.vocab)
         assert torch.allclose(logits[0], dense_block_logits(model, tokens, block_start), atol=ATOL)
 
 
@@ -74,7 +72,7 @@ def test_decode_of_unchanged_block_repeats_the_prefill(family: Family) -> None:
 def test_one_layer_decode_equals_dense_forward_of_new_tokens(family: Family) -> None:
     # With one layer, cached K/V depend on each position's own token only, so the dual cache is exact:
     # a decode after the block changed must equal a dense forward of the changed sequence.
-    config = dataclasses.replace(tiny(family), layers=1)
+    config = reshaped(tiny(family), layers=1)
     model = random_model(config, dtype=torch.float32, seed=7, std=0.2)
     runner = make_runner(model)
     tokens = sequence(config, prompt=30, masks=64, seed=8)

@@ -24,8 +24,10 @@ def test_checkpoint_round_trip(family: Family, shards: int, tmp_path: Path) -> N
     model = random_model(tiny(family), dtype=torch.float32, seed=4)
     save_checkpoint(model, tmp_path, shards=shards)
     loaded = load_checkpoint(tmp_path, dtype=torch.float32)
-    # a checkpoint's window is what its family documents (Dream 2048, below the tiny twin's 4096)
-    assert loaded.config == replace(model.config, context_len=TRAITS[family].context_len)
+    # a checkpoint's window is what its family documents (Dream 2048, below the tiny twin's 4096); its
+    # shape is named after its directory
+    shape = replace(model.config.shape, name=tmp_path.name)
+    assert loaded.config == replace(model.config, shape=shape, context_len=TRAITS[family].context_len)
     expected, got = model.state_dict(), loaded.state_dict()
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected)
@@ -72,8 +74,8 @@ def test_full_size_model_matches_the_hardware_spec(family: Family, name: str) ->
     with torch.device("meta"):
         model = Transformer(config)
     # The spec counts matmul weights and embeddings only: add the norms and Dream's qkv bias.
-    norms = (2 * config.layers + 1) * config.hidden
-    bias = config.layers * config.qkv_width if config.qkv_bias else 0
+    norms = (2 * config.shape.layers + 1) * config.shape.hidden
+    bias = config.shape.layers * config.shape.qkv_width if config.shape.qkv_bias else 0
     assert sum(p.numel() for p in model.parameters()) == MODELS[name].params + norms + bias
 
 

@@ -17,12 +17,12 @@ def hf_twin(model: Transformer) -> nn.Module:
     """The transformers model of the same shape (Llama for LLaDA, Qwen2 for Dream) with our weights."""
     c = model.config
     shape = {
-        "vocab_size": c.vocab,
-        "hidden_size": c.hidden,
-        "intermediate_size": c.intermediate,
-        "num_hidden_layers": c.layers,
-        "num_attention_heads": c.heads,
-        "num_key_value_heads": c.kv_heads,
+        "vocab_size": c.shape.vocab,
+        "hidden_size": c.shape.hidden,
+        "intermediate_size": c.shape.intermediate,
+        "num_hidden_layers": c.shape.layers,
+        "num_attention_heads": c.shape.heads,
+        "num_key_value_heads": c.shape.kv_heads,
         "rms_norm_eps": c.rms_eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
         "tie_word_embeddings": False,
@@ -38,7 +38,7 @@ def hf_twin(model: Transformer) -> nn.Module:
 
 @torch.no_grad()
 def _copy_weights(model: Transformer, twin: nn.Module) -> None:
-    c = model.config
+    c = model.config.shape
     sizes = [c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim]
     body = twin.model
     body.embed_tokens.weight.copy_(model.embed.weight)
@@ -75,7 +75,7 @@ def hf_logits(twin: nn.Module, tokens: Tensor, *, causal: bool) -> Tensor:
 def test_matches_transformers_non_causal(family: Family) -> None:
     model = random_model(tiny(family), dtype=torch.float32, seed=1, std=0.2)
     twin = hf_twin(model)
-    tokens = torch.randint(0, model.config.vocab, (80,), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, model.config.shape.vocab, (80,), generator=torch.Generator().manual_seed(2))
     ours = dense_logits(model, tokens)
     theirs = hf_logits(twin, tokens, causal=False)
     assert (ours - theirs).abs().max() < 1e-4

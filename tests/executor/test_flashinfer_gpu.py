@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
-from executor_helpers import bits, committed
+from executor_helpers import bits, committed, reshaped
 from torch import Tensor
 
 from executor.model import layers
@@ -42,7 +41,7 @@ def relative_error(actual: Tensor, expected: Tensor) -> float:
 def small_config(family: Family) -> ModelConfig:
     """A two-layer model with the full-size head_dim: LLaDA keeps MHA, Dream GQA, the bias and the shift."""
     kv_heads = 4 if family is Family.LLADA else 2
-    return dataclasses.replace(
+    return reshaped(
         tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=HEAD_DIM, intermediate=1024
     )
 
@@ -181,7 +180,7 @@ def test_model_with_flashinfer_is_as_accurate_as_with_torch_attention(family: Fa
         return runner.forward(items)
 
     exact = run(exact_model, "torch")
-    assert exact.shape == (4, BLOCK, model.config.vocab)
+    assert exact.shape == (4, BLOCK, model.config.shape.vocab)
     torch_error = relative_error(run(model, "torch"), exact)
     flashinfer_error = relative_error(run(model, "flashinfer"), exact)
     assert flashinfer_error < max(1.5 * torch_error, 2e-3) and flashinfer_error < 0.03
@@ -214,7 +213,7 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
         assert graphed.bucket_for(items) == next(b for b in (1, 2, 4, 8) if b >= n)
         eager = runner.forward(items)
         replayed = graphed.forward(items)
-        assert replayed.shape == eager.shape == (n, BLOCK, runner.model.config.vocab)
+        assert replayed.shape == eager.shape == (n, BLOCK, runner.model.config.shape.vocab)
         assert relative_error(replayed, eager) < TOLERANCE, n
         again = graphed.forward(items)  # a replay is deterministic and its result is the caller's copy
         assert torch.equal(again, replayed)
@@ -226,7 +225,7 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
     assert relative_error(graphed.forward(items), runner.forward(items)) < TOLERANCE
     mixed = [ForwardItem(0, Phase.PREFILL, tokens[0], block[0]), *items[1:3]]
     assert graphed.bucket_for(mixed) is None
-    assert graphed.forward(mixed).shape == (3, BLOCK, runner.model.config.vocab)
+    assert graphed.forward(mixed).shape == (3, BLOCK, runner.model.config.shape.vocab)
     # turned off: everything eager
     off = GraphedModelRunner(runner, enabled=False)
     assert off.bucket_for(items[:2]) is None and not off.captured
@@ -237,7 +236,7 @@ def test_graphed_decode_equals_eager_decode(family: Family) -> None:
 def test_exact_grid_buckets_replay_every_composition_and_step_like_eager(family: Family) -> None:
     # the full-size models' attention geometry on a narrow body; the sub-items are those of an H200
     heads, kv_heads = (32, 32) if family is Family.LLADA else (28, 4)
-    config = dataclasses.replace(small_config(family), heads=heads, kv_heads=kv_heads)
+    config = reshaped(small_config(family), heads=heads, kv_heads=kv_heads)
     runner, tokens, block = decode_setup(family, config=config)
     graphed = GraphedModelRunner(runner, buckets=(2, 4, 8))
     assert graphed.captured and graphed._multiprocessors == 132

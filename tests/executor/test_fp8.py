@@ -148,7 +148,7 @@ def test_a_quantized_model_keeps_head_norms_and_embeddings_and_stays_close(famil
     expected = logits(model, seed=3)
     fp8.quantize_model(model, "fp8")
     quantized = [name for name, m in model.named_modules() if isinstance(m, fp8.Fp8Linear)]
-    assert len(quantized) == 4 * model.config.layers  # qkv, out, gate_up, down of every layer
+    assert len(quantized) == 4 * model.config.shape.layers  # qkv, out, gate_up, down of every layer
     assert not any(type(m) is nn.Linear for m in model.layers.modules())
     assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == torch.float32
     if family is Family.DREAM:

@@ -5,13 +5,12 @@ handed-off block keeps its prefill's through the scheduler and the wire; no extr
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import pytest
 import torch
-from executor_helpers import dense_block_logits
+from executor_helpers import dense_block_logits, reshaped
 from torch import Tensor
 
 from executor.control import codec
@@ -48,7 +47,7 @@ Forward = tuple[Tensor, int, Tensor]  # the sequence before a forward, its block
 
 
 def one_layer(family: Family) -> Transformer:
-    return random_model(dataclasses.replace(tiny(family), layers=1), dtype=torch.float32, seed=3, std=0.2)
+    return random_model(reshaped(tiny(family), layers=1), dtype=torch.float32, seed=3, std=0.2)
 
 
 def engine(model: Transformer, *, hand_off: bool = False, links: Any = None) -> Engine:
@@ -159,7 +158,7 @@ def test_a_handed_off_block_keeps_its_prefills_logprobs_through_the_scheduler_an
     core = SchedulerState(2, send=lambda w, item: sent.append((w, item)), clock=lambda: 1.0, mask_len=BLOCK,
                           mode="1P1D")  # fmt: skip
     for worker, role in ((0, "prefill"), (1, "decode")):
-        facts = (config.vocab, config.mask_id, config.eos_ids)
+        facts = (config.shape.vocab, config.mask_id, config.eos_ids)
         core.register(Registration(worker, "-", 32, *facts, "tiny", "cpu", worker, role, config.context_len))
     tracked = core.submit(Submission(prompt(15, 7), BLOCK, Sampling(logprobs=2), forwards=(4,)))
     core.on_arrival(tracked)

@@ -68,7 +68,7 @@ def test_a_checkpoint_loads_without_running_its_code(
     family: Family, written: dict[Family, Checkpoint]
 ) -> None:
     model = load_checkpoint(written[family].directory, dtype=torch.float32)  # modeling_*.py raises if run
-    assert model.config.vocab == written[family].config.vocab
+    assert model.config.shape.vocab == written[family].config.shape.vocab
     assert model.config.mask_id == written[family].config.mask_id
 
 

@@ -1,23 +1,27 @@
-"""Chaos: what K random worker kills cost a `sangam live` replay on CPU, against the same replay without
-faults, and what the simulator predicts for the same kills.
+"""Chaos: what worker kills cost a `sangam live` replay on CPU, against the same replay without faults,
+and what the simulator predicts for the same kills.
 
-Run: python -m benchmarks.chaos [--mode 2C] [--workers 2] [--kills 2] [--restart] [--requests 60]
-     [--qps 3] [--seed 0] [--out DIR]
+Run: python -m benchmarks.chaos [--mode 2C] [--workers 2] [--kills 2 | --in-turn] [--restart]
+     [--requests 60] [--qps 3] [--seed 0] [--out DIR]
 
 1. A fault-free live replay of a seeded trace (tiny LLaDA on CPU workers, forced forwards per block),
    with its iteration log.
-2. The same replay while a killer sends SIGKILL to a random live worker at K random times (drawn in the
-   first 60% of the fault-free run, seeded), with `--restart-workers` if asked; the kill times are taken
-   from the first arrival. A kill only takes a worker whose pool keeps another worker up (the layout
-   stays able to serve; else it waits for a restart), never worker 0 of a P/D layout (it hosts the KV
-   links' rendezvous).
-3. The simulator's twin: the same trace, seed and forwards, `--fail` at the kill times (and the observed
-   mean restart delay as `--restart-after`), its iteration times from a linear fit of the fault-free
-   live iteration log (seconds = a + b * prefill tokens + c * decodes: the CPU profile), without and with
-   the failures.
+2. The same replay while a killer sends SIGKILL to live workers, with `--restart-workers` if asked; kill
+   times are taken from the first arrival. Either K random workers at K random times (drawn in the first
+   60% of the fault-free run, seeded), or with `--in-turn` every worker index in order, 0 first, the
+   first at 10% of the fault-free run and each next once the last victim is back (with `--restart`),
+   each while it holds work. A kill only takes a worker whose loss leaves the layout able to serve (a
+   colocated or decode-role worker stays up, and a prefill worker too in `<n>P<m>D`; else it waits for
+   a restart); worker 0 of a P/D layout is a worker like any other (the launcher hosts the KV links'
+   rendezvous).
+3. The simulator's twin: the same trace, seed and forwards, `--fail` at the kill times (and, with
+   restarts, the observed mean start-up of a restarted worker, its delay after the launcher's back-off,
+   as `--restart-after`: the sim restarts under the same back-off), its iteration times from a linear
+   fit of the fault-free live iteration log (seconds = a + b * prefill tokens + c * decodes: the CPU
+   profile), without and with the failures.
 
-Prints requests lost (not completed), mean and p99 end-to-end latency and their inflation against the
-fault-free run of the same driver, workers lost, requests recovered and forwards redone.
+Prints requests lost (not completed) and completed, mean and p99 end-to-end latency and their inflation
+against the fault-free run of the same driver, workers lost, requests recovered and forwards redone.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import csv
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +50,7 @@ from runs.config import RunConfig, with_arrival_times
 from runs.traces import read_trace
 from sangam.batcher import Microbatch
 from sangam.faults import Failure
-from sangam.layout import Kind, Role, parse_mode
+from sangam.layout import Kind, Layout, Role, parse_mode
 from sangam.progress import parse_progress
 from sim.run import simulate
 
@@ -58,6 +63,18 @@ TINY_PAGES = 4096  # executor.model.live_models.TINY_PAGES: the live run's pages
 class Kill:
     worker: int
     at: float  # seconds after the run's first arrival
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A kill to make: of `worker` (None: a random one) no earlier than `at` seconds after the first
+    arrival; a named worker is killed while it holds work, once no earlier victim awaits its restart."""
+
+    at: float
+    worker: int | None = None
+
+
+RESTART_WAIT = re.compile(r"restarting it in ([0-9.]+) s")  # the launcher's line for each restart
 
 
 @dataclass(slots=True)
@@ -110,10 +127,11 @@ def write_trace(path: Path, n: int, qps: float, seed: int) -> None:
 
 
 def live(
-    args: argparse.Namespace, trace: Path, out: Path, kills: list[float]
-) -> tuple[dict[str, Any], list[Kill], float]:
-    """One live replay; SIGKILL to a random live worker at each time of `kills`. Its summary, the kills
-    made and the mean delay from a kill to the worker's new registration (0 without restarts)."""
+    args: argparse.Namespace, trace: Path, out: Path, kills: list[Planned]
+) -> tuple[dict[str, Any], list[Kill], float | None]:
+    """One live replay; SIGKILL to the workers `kills` plans. Its summary, the kills made and the mean
+    start-up of a restarted worker: from a kill to the worker's new registration, less the launcher's
+    back-off (None: no restart came back)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "cli.main", "live", "--workers", str(args.workers), "--mode", args.mode,
@@ -138,18 +156,20 @@ def live(
             f"chaos: the live run wrote no summary (exit {proc.returncode}): {err.strip()[-400:]}"
         )
     summary = json.loads((out / "summary.json").read_text())
-    return summary, made, sum(delays) / len(delays) if delays else 0.0
+    if not delays:
+        return summary, made, None
+    waits = [float(w) for w in RESTART_WAIT.findall(err)][: len(delays)]
+    return summary, made, max(0.0, (sum(delays) - sum(waits)) / len(delays))
 
 
 def kill_at(
-    port: int, args: argparse.Namespace, kills: list[float], made: list[Kill], delays: list[float]
+    port: int, args: argparse.Namespace, kills: list[Planned], made: list[Kill], delays: list[float]
 ) -> None:
     client = SangamClient(f"127.0.0.1:{port}", timeout=2.0)
     rng = random.Random(args.seed + 1)
     layout = parse_mode(args.mode, args.workers)
-    spare = 0 if layout.kind is Kind.COLOCATED else 1  # worker 0 of a P/D layout hosts the KV rendezvous
     origin = None
-    pending = sorted(kills)
+    pending = sorted(kills, key=lambda k: k.at)
     waiting: dict[int, tuple[float, int]] = {}  # worker -> (kill time, old pid): restarts to time
     while pending or waiting:
         try:
@@ -171,10 +191,15 @@ def kill_at(
                 del waiting[w]
             elif not args.restart:
                 del waiting[w]
-        if origin is not None and pending and time.monotonic() - origin >= pending[0]:
-            alive = [w.worker_id for w in status.workers if not w.lost and w.worker_id >= spare]
-            alive = [w for w in alive if servable(layout.roles, status.workers, w)]
-            if alive:  # else the kill waits for a restart: the layout must stay able to serve
+        if origin is not None and pending and time.monotonic() - origin >= pending[0].at:
+            alive = [w.worker_id for w in status.workers if not w.lost]
+            alive = [w for w in alive if servable(layout, status.workers, w)]
+            named = pending[0].worker
+            if named is not None:  # in turn: busy, and the last victim back
+                target = status.workers[named]
+                busy = target.outstanding > 0 or target.free_pages < target.pages
+                alive = [named] if named in alive and busy and not waiting else []
+            if alive:  # else the kill waits: the layout must stay able to serve
                 victim = rng.choice(alive)
                 pid = status.workers[victim].pid
                 os.kill(pid, signal.SIGKILL)
@@ -185,13 +210,12 @@ def kill_at(
         time.sleep(0.02)
 
 
-def servable(roles: Sequence[Role], workers: Sequence[Any], victim: int) -> bool:
-    """Whether another worker of `victim`'s pool (prefill, or decode-role) is up: its loss leaves the
-    layout able to serve."""
-    pool = roles[victim] is Role.PREFILL
-    return any(
-        w.worker_id != victim and not w.lost and (roles[w.worker_id] is Role.PREFILL) == pool for w in workers
-    )
+def servable(layout: Layout, workers: Sequence[Any], victim: int) -> bool:
+    """Whether the layout can serve without `victim` (`sangam.router`'s rule): a colocated or decode-role
+    worker stays up, and in `<n>P<m>D` a prefill worker too (a hybrid overflows its prefills)."""
+    up = [layout.roles[w.worker_id] for w in workers if w.worker_id != victim and not w.lost]
+    decode = any(role is not Role.PREFILL for role in up)
+    return decode and (layout.kind is not Kind.DISAGGREGATED or Role.PREFILL in up)
 
 
 def twin(
@@ -214,9 +238,10 @@ def line(name: str, s: dict[str, Any], base: dict[str, Any], total: int) -> str:
         100 * (mean / (base["mean_e2el_ms"] / 1000) - 1),
         100 * (p99 / (base["p99_e2el_ms"] / 1000) - 1),
     ]
-    lost = total - int(s.get("completed", 0))
+    done = int(s.get("completed", 0))
     return (
-        f"{name:<11} {lost:>5} {mean:>9.3f} {p99:>8.3f} {inflate[0]:>+10.1f}% {inflate[1]:>+9.1f}%"
+        f"{name:<11} {total - done:>5} {done:>5} {mean:>9.3f} {p99:>8.3f} {inflate[0]:>+10.1f}%"
+        f" {inflate[1]:>+9.1f}%"
         f" {s.get('workers_lost', 0):>6} {s.get('requests_recovered', 0):>10}"
         f" {s.get('forwards_redone', 0):>8}"
     )
@@ -228,7 +253,10 @@ def main() -> None:
     )
     parser.add_argument("--mode", default="2C")
     parser.add_argument("--workers", type=positive_int, default=2)
-    parser.add_argument("--kills", type=positive_int, default=2)
+    parser.add_argument("--kills", type=positive_int, default=2, help="random kills")
+    parser.add_argument(
+        "--in-turn", action="store_true", help="kill every worker index in order instead, 0 first"
+    )
     parser.add_argument(
         "--restart", action="store_true", help="live: --restart-workers; twin: --restart-after"
     )
@@ -244,35 +272,33 @@ def main() -> None:
 
     clean, _, _ = live(args, trace, root / "live-clean", [])
     duration = float(clean["duration"])
-    rng = random.Random(args.seed)
-    times = sorted(rng.uniform(0.1, 0.6) * duration for _ in range(args.kills))
-    chaos, kills, restart_s = live(args, trace, root / "live-chaos", times)
+    if args.in_turn:
+        plan = [Planned(0.1 * duration, w) for w in range(args.workers)]
+    else:
+        rng = random.Random(args.seed)
+        plan = [Planned(rng.uniform(0.1, 0.6) * duration) for _ in range(args.kills)]
+    chaos, kills, startup = live(args, trace, root / "live-chaos", plan)
     cost = fit_cost(root / "live-clean" / "iterations.csv")
-    restart = (restart_s or None) if args.restart else None
     sim_clean = twin(args, trace, cost, [], None)
-    sim_chaos = twin(args, trace, cost, kills, restart)
+    sim_chaos = twin(args, trace, cost, kills, startup)
 
+    restarts = "no restarts"
+    if args.restart:
+        restarts = "no restart came back in time"
+        if startup is not None:
+            restarts = f"a restarted worker started {startup:.1f} s after its back-off (measured)"
     print(
         f"chaos: {args.mode} on {args.workers} CPU workers, {args.requests} requests at {args.qps:g} QPS, "
-        f"seed {args.seed}; kills "
-        + ", ".join(f"worker {k.worker} at {k.at:.2f} s" for k in kills)
-        + (
-            (
-                f"; restart after {restart_s:.1f} s (measured)"
-                if restart_s
-                else "; no restart came back in time"
-            )
-            if args.restart
-            else "; no restarts"
-        )
-    )
+        f"seed {args.seed}; kills " + ", ".join(f"worker {k.worker} at {k.at:.2f} s" for k in kills)
+        + f"; {restarts}"
+    )  # fmt: skip
     print(
         f"CPU profile fitted to the fault-free live log: {cost.a * 1e3:.2f} ms + "
         f"{cost.b * 1e6:.2f} us/prefill token + {cost.c * 1e3:.2f} ms/decode"
     )
     print(
-        f"{'run':<11} {'lost':>5} {'mean e2e':>9} {'p99 e2e':>8} {'mean infl':>11} {'p99 infl':>10}"
-        f" {'w lost':>6} {'recovered':>10} {'redone':>8}"
+        f"{'run':<11} {'lost':>5} {'done':>5} {'mean e2e':>9} {'p99 e2e':>8} {'mean infl':>11}"
+        f" {'p99 infl':>10} {'w lost':>6} {'recovered':>10} {'redone':>8}"
     )
     total = args.requests
     print(line("live clean", clean, clean, total))

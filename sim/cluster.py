@@ -13,9 +13,11 @@ next iteration without it. `control_s` charges that delay to every dispatch.
 
 Failures (`Failure(worker, at)`): the worker stops where it is, so its iteration in flight
 is lost, and the router's `on_worker_lost` sends its requests back to routing; `Drop` actions make
-the other ends forget their part, `Fail` ends a request. With `restart_after_s` the worker comes back
-that long after, empty (`on_worker_joined`). A dispatch still in its control delay, or a transfer in
-flight, that a loss or a drop overtook is void when it would land.
+the other ends forget their part, `Fail` ends a request. With `restart_after_s` the worker is restarted
+as `sangam live --restart-workers` restarts it (`sangam.restarts`: a back-off that doubles while its
+processes die young, and a bound after which it is given up) and comes back, empty, `restart_after_s`
+after its new process starts (`on_worker_joined`). A dispatch still in its control delay, or a transfer
+in flight, that a loss or a drop overtook is void when it would land.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from sangam.faults import Failure
 from sangam.kv import PageTally
 from sangam.layout import Layout, Role
 from sangam.request import Request
+from sangam.restarts import Restarts
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
 
@@ -236,9 +239,11 @@ class Cluster:
         on_request: Callable[[int], None] | None = None,
         stop: Callable[[Request, float], bool] | None = None,
     ) -> None:
-        """`on_request` hears how many requests have ended so far, each time some have; `stop(req,
-        now)` is asked after each request's end whether to end the run there (`stopped_at` then says
-        when); not with failures, whose requests may end without a latency."""
+        """`restart_after_s`: a restarted worker's start-up, from its new process's start (after the
+        back-off) to taking work; None: lost workers never come back. `on_request` hears how many
+        requests have ended so far, each time some have; `stop(req, now)` is asked after each request's
+        end whether to end the run there (`stopped_at` then says when); not with failures, whose
+        requests may end without a latency."""
         for failure in failures:
             if failure.worker >= config.layout.num_workers:
                 raise ValueError(
@@ -247,8 +252,8 @@ class Cluster:
                 )
         if stop is not None and failures:
             raise ValueError("a run that may stop early cannot also lose workers")
-        if restart_after_s is not None and not restart_after_s > 0:
-            raise ValueError(f"the restart delay must be positive, got {restart_after_s}")
+        if restart_after_s is not None and not restart_after_s >= 0:
+            raise ValueError(f"a restart's start-up cannot be negative, got {restart_after_s}")
         self.env = simpy.Environment()
         self.config = config
         self.cost = cost
@@ -264,6 +269,9 @@ class Cluster:
         self._all_done = self.env.event()
         self.failures = sorted(failures, key=lambda f: (f.at, f.worker))
         self.restart_after_s = restart_after_s
+        self.restarts = Restarts()  # the live launcher's policy, with its defaults
+        self.gave_up: dict[int, str] = {}  # workers given up, and why
+        self._started = [0.0] * n  # when each worker's current process started
         self._restarts = 0  # restarts scheduled and not yet done
         self._controlled: dict[int, Dispatch] = {}  # request id -> its dispatch in the control delay
         self._moving: dict[int, Transfer] = {}  # request id -> its KV transfer in flight
@@ -299,7 +307,7 @@ class Cluster:
         while True:
             self._apply(self.router.on_arrival(now, order[i]))
             if not self.router.can_serve and not self._restarts:  # and no lost worker comes back
-                self._apply(self.router.give_up(now, f"{self.router.missing} and none comes back"))
+                self._apply(self.router.give_up(now, self._none_comes_back()))
             i += 1
             if i == len(order):
                 return
@@ -331,9 +339,21 @@ class Cluster:
         self._controlled = {rid: d for rid, d in self._controlled.items() if d.worker != worker}
         self._apply(self.router.on_worker_lost(self.env.now, worker))
         if self.restart_after_s is not None:
-            self._restarts += 1
-            self.env.timeout(self.restart_after_s).callbacks.append(partial(self._rejoin, worker))
+            now = self.env.now
+            wait = self.restarts.on_exit(worker, now - self._started[worker])
+            if wait is None:
+                self.gave_up[worker] = self.restarts.gave_up(worker)
+            else:
+                self._restarts += 1
+                self._started[worker] = now + wait
+                back = wait + self.restart_after_s
+                self.env.timeout(back).callbacks.append(partial(self._rejoin, worker))
         self._stop_if_done()
+
+    def _none_comes_back(self) -> str:
+        """Why a request that reaches a layout unable to serve fails."""
+        why = "; ".join(f"worker {w}: {reason}" for w, reason in sorted(self.gave_up.items()))
+        return f"{self.router.missing} and none comes back" + (f" ({why})" if why else "")
 
     def _rejoin(self, worker: int, _: object) -> None:
         """`worker` restarted (`_`: its timeout): a fresh process with an empty batcher."""

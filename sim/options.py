@@ -53,8 +53,10 @@ class SimOptions:
         metavar="W@T",
     )  # fmt: skip
     restart_after: float | None = option(
-        None, "a lost worker comes back empty this many seconds later", parse=non_negative_float,
-        metavar="S", default_text="never",
+        None, "lost workers restart as with sangam live --restart-workers (after 1 s, then twice the last "
+        "wait while they die within 60 s of their start, at most 30 s; given up after 5 such restarts in a "
+        "row), each back, empty, S seconds after its restart starts (a process's start-up)",
+        parse=non_negative_float, metavar="S", default_text="never",
     )  # fmt: skip
 
     def failures(self) -> list[Failure]:

@@ -48,8 +48,9 @@ def simulate(
     with ERROR (`Request.error`) where failures leave the layout unable to serve it.
 
     `control_s`: the control plane's delay on every dispatch (default: as measured live).
-    `failures`: workers lost at given times (`sangam.faults.parse_failures`); each comes back empty
-    `restart_after_s` after its loss if that is given, else never.
+    `failures`: workers lost at given times (`sangam.faults.parse_failures`); if `restart_after_s` is
+    given, each is restarted under the live launcher's back-off (`sangam.restarts`) and comes back empty
+    `restart_after_s` after its restart starts, else never.
     `on_request`: told how many requests have ended so far, each time some have (a progress bar).
     `stop`: end the run as soon as one of these limits is certain to be exceeded (`sim.early_stop`); the
     summary of such a run covers the requests ended by then, and adds `stopped_at_s` and `lower_bounds`

@@ -177,6 +177,37 @@ def test_a_restarted_worker_registers_again_and_takes_work(tmp_path: Path) -> No
     assert (tmp_path / "logs" / "worker-2-restart1.log").exists()
 
 
+def test_worker_0_of_a_hybrid_layout_restarts_under_load_and_moves_kv_again(tmp_path: Path) -> None:
+    """kill -9 of worker 0 of 1P1C (the prefill worker) while it holds KV for transfers, with restarts:
+    no request is lost (its blocks overflow to worker 1 meanwhile), and the new process registers
+    under id 0, rebuilds its links through the launcher's rendezvous store and moves KV again: each
+    request submitted after its return prefills on worker 0 and decodes on worker 1."""
+    spec = ClusterSpec(cpu_workers(2), mode="1P1C", mask_len=64, restart_workers=True, transfer_timeout=10)
+    with LocalCluster(spec, tmp_path / "logs") as cluster:
+        cluster.start(timeout=120)
+        client = cluster.client
+        assert client is not None
+        old = client.status().workers[0].pid
+        load = [client.submit(list(range(1, 21)), 64, forwards=[8, 8]) for _ in range(8)]
+        deadline = time.monotonic() + 60
+        while not holding_kv((s := client.status()).workers[0]) or s.transfers_done == 0:
+            assert time.monotonic() < deadline, "worker 0 never held KV for a transfer"
+            time.sleep(0.01)
+        os.kill(old, signal.SIGKILL)
+        assert all(client.wait(rid, timeout=60).status == "DONE" for rid in load)
+        while (w := client.status().workers[0]).pid in (0, old) or w.lost:
+            assert time.monotonic() < deadline + 60, "worker 0 did not come back"
+            time.sleep(0.1)
+        after = [client.submit(list(range(1, 21)), 64, forwards=[3, 3]) for _ in range(4)]
+        assert all(client.wait(rid, timeout=60).status == "DONE" for rid in after)
+        records = {r.id: r for r in client.results()}
+        status = client.status()
+    assert cluster.exits == [f"worker 0 (pid {old}) was killed by SIGKILL"] and cluster.restarts == 1
+    placed = {(b.prefill_worker, b.decode_worker) for rid in after for b in records[rid].blocks}
+    assert placed == {(0, 1)}
+    assert status.recovery.workers_lost == 1 and not any(w.lost for w in status.workers)
+
+
 def assert_partial(run: Run, err: str, cause: str, line: str | None) -> None:
     """The summary says why the run ended; `line`, if given, is in the one-line error."""
     errors = [x for x in err.splitlines() if x.startswith("sangam: error:")]

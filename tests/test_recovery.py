@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from test_sim import LinearCost, check_causal, random_requests, rows, run_cluster
 
 from sangam.batcher import Outcome
-from sangam.budget import Policy
+from sangam.budget import BatchConfig, Policy
 from sangam.faults import Failure, parse_failures
 from sangam.layout import Kind, Role, parse_mode
 from sangam.request import Request
 from sangam.restarts import RestartPolicy, Restarts
 from sangam.router import Dispatch, Drop, Fail, Router, Transfer
-from sim.cluster import LinkSpec
+from sim.cluster import Cluster, ClusterConfig, LinkSpec
 
 
 def router(mode: str, pages: int = 1000, seed: int = 0, policy: Policy = Policy.DEFICIT) -> Router:
@@ -239,7 +239,7 @@ def test_a_lost_worker_s_iteration_in_flight_is_redone_on_the_other() -> None:
     assert (1, 3.0, 4.0, 1, 1) in log
     r = cluster.router
     assert (r.workers_lost, r.requests_recovered, r.forwards_redone, r.requests_failed) == (1, 1, 2, 0)
-    assert r.up == [True, True]  # back at 3.5
+    assert r.up == [True, True]  # back at 4.5: a back-off of 1 s, a start-up of 1 s
 
 
 def test_a_lost_transfer_source_voids_the_transfer_in_flight() -> None:
@@ -273,9 +273,76 @@ def test_a_dead_cluster_fails_what_it_holds_and_what_arrives_later() -> None:
 def test_with_a_restart_coming_arrivals_wait_for_it() -> None:
     a = make_request(1, 100, arrival=0.0, steps=(4,))
     b = make_request(2, 100, arrival=3.0, steps=(2,))
-    run_cluster([a, b], "1C", failures=[Failure(0, 2.5)], restart_after_s=10.0)
+    run_cluster([a, b], "1C", failures=[Failure(0, 2.5)], restart_after_s=9.0)  # after the 1 s back-off
     assert a.error is not None and b.error is None
     assert (b.blocks[0].prefill_start, b.blocks[0].end) == (12.5, 14.5)
+
+
+class WatchedRouter(Router):
+    """A router that logs every loss and return of a worker as (time, what, worker)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[float, str, int]] = []
+
+    def on_worker_lost(self, now: float, worker: int) -> list[Any]:
+        self.events.append((now, "lost", worker))
+        return super().on_worker_lost(now, worker)
+
+    def on_worker_joined(self, now: float, worker: int) -> list[Any]:
+        self.events.append((now, "joined", worker))
+        return super().on_worker_joined(now, worker)
+
+
+def watched_cluster(mode: str, requests: list[Request], failures: str, startup_s: float) -> Cluster:
+    layout = parse_mode(mode)
+    config = ClusterConfig(layout, BatchConfig(), BatchConfig(), 8192, 10_000, 1, LinkSpec(), 0.0)
+    router = WatchedRouter(layout, 10_000, random.Random(0), 8192)
+    cluster = Cluster(
+        config, LinearCost(), router, None, failures=parse_failures(failures), restart_after_s=startup_s
+    )
+    cluster.run(requests)
+    return cluster
+
+
+def losses_and_returns(cluster: Cluster) -> list[tuple[float, str, int]]:
+    assert isinstance(cluster.router, WatchedRouter)
+    return cluster.router.events
+
+
+def test_the_simulator_restarts_a_lost_worker_with_the_live_back_off_and_gives_it_up_at_the_bound() -> None:
+    """`sangam.restarts`' defaults, as `sangam live --restart-workers`: 1 s, doubling while the worker's
+    processes die within 60 s of their start, then a start-up of 0.5 s; a process up 66 s starts the
+    count again; a loss while it is down changes nothing; the 6th loss in a row gives it up."""
+    long = make_request(1, 100, arrival=0.0, steps=(32,) * 6)  # keeps the run going past 160 s
+    fails = "1@10,1@20,1@22.2,1@30,1@100,1@110,1@120,1@130,1@140,1@160"
+    cluster = watched_cluster("2C", [long], fails, startup_s=0.5)
+    assert losses_and_returns(cluster) == [
+        (10.0, "lost", 1), (11.5, "joined", 1),  # up 10 s: 1 s
+        (20.0, "lost", 1), (22.5, "joined", 1),  # up 9 s (from 11): 2 s
+        (30.0, "lost", 1), (34.5, "joined", 1),  # 4 s
+        (100.0, "lost", 1), (101.5, "joined", 1),  # up 66 s: 1 s again
+        (110.0, "lost", 1), (112.5, "joined", 1),
+        (120.0, "lost", 1), (124.5, "joined", 1),
+        (130.0, "lost", 1), (138.5, "joined", 1),
+        (140.0, "lost", 1), (156.5, "joined", 1),  # 16 s: the 5th restart in a row
+        (160.0, "lost", 1),
+    ]  # fmt: skip
+    reason = "gave up restarting it after 5 restarts in a row, each dead within 60 s of its start"
+    assert cluster.gave_up == {1: reason} and long.finished and long.error is None
+    assert cluster.router.up == [True, False]
+
+
+def test_arrivals_after_the_last_worker_is_given_up_fail_with_the_reason() -> None:
+    first = make_request(1, 100, arrival=0.0, steps=(2,))
+    late = make_request(2, 100, arrival=200.0, steps=(2,))
+    fails = ",".join(f"0@{t}" for t in (10, 20, 30, 50, 80, 130))  # each 8 s or more after its start
+    cluster = watched_cluster("1C", [first, late], fails, startup_s=0.0)
+    assert [t for t, what, _ in losses_and_returns(cluster) if what == "joined"] == [11, 22, 34, 58, 96]
+    assert first.finished and late.error == (
+        "1C has no worker left and none comes back (worker 0: gave up restarting it after 5 restarts in "
+        "a row, each dead within 60 s of its start)"
+    )
 
 
 def test_simulate_reports_recovery_in_the_summary() -> None:
@@ -360,18 +427,20 @@ def test_survivable_failures_complete_every_request_once_and_balance_every_page(
 def test_a_dispatch_in_its_control_delay_to_a_lost_worker_is_void_even_after_a_restart() -> None:
     a = make_request(1, 100, arrival=0.0, steps=(3,))
     cluster = run_cluster(
-        [a], "1P1C", control_s=0.25, failures=[Failure(0, 0.1)], restart_after_s=0.05, theta=10_000
+        [a], "1P1C", control_s=1.25, failures=[Failure(0, 0.1)], restart_after_s=0.05, theta=10_000
     )
     # a's prefill is on its way to worker 0 when it is lost at 0.1; without a prefill worker the hybrid
-    # overflows a to worker 1. Worker 0 is back at 0.15, before the first dispatch would have landed.
+    # overflows a to worker 1. Worker 0 is back at 1.15 (a back-off of 1 s), before the first dispatch
+    # would have landed (1.25).
     rec = a.blocks[0]
     assert (rec.dispatch, rec.prefill_worker, rec.overflow, rec.prefill_start, rec.end) == (
         0.1,
         1,
         True,
-        0.35,
-        3.35,
+        1.35,
+        4.35,
     )
+    assert cluster.router.up == [True, True]
     assert [r["worker"] for r in rows(cluster)] == [1, 1, 1]
 
 

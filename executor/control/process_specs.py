@@ -61,7 +61,7 @@ class WorkerLaunch:
     )
     kv_transport: str = "gloo"
     quantization: str | None = None  # 'fp8': quantize the linear layers at load (executor.model.fp8)
-    dist_port: int = 0  # KV rendezvous store port (worker 0 hosts it)
+    dist_port: int = 0  # KV rendezvous store port (the launcher hosts it)
     dist_host: str = "127.0.0.1"
     transfer_timeout: float = 30.0
     dist_timeout: float = 120.0

@@ -78,6 +78,9 @@ class Tracked:
     handoff_tokens: tuple[int, ...] = ()  # the handed-off block's ids after its prefill
     handoff_logprobs: Logprobs | None = None  # and theirs, if asked
     holders: tuple[int, ...] = ()  # the workers whose reports of the current block are accepted
+    # Dispatched and not yet prefilled: a decode or an end of the block reported now is of work dropped
+    # before (a survivor's decode of KV from a lost worker, re-dispatched to the same survivor).
+    prefill_due: bool = False
     generated: list[int] = field(default_factory=list)
     logprobs: Logprobs | None = None  # of `generated`, if the request asked (`Sampling.logprobs`)
     status: RequestStatus = RequestStatus.QUEUED
@@ -428,8 +431,9 @@ class SchedulerState:
         assert self.router is not None
         prefilled, handoffs, finished = [], [], []
         for entry in report.prefilled:
-            tracked = self._current(entry.request_id, entry.block, worker)
+            tracked = self._current(entry.request_id, entry.block, worker, prefill=True)
             if tracked is not None and tracked.req is not None:
+                tracked.prefill_due = False
                 rec = tracked.req.record
                 rec.prefill_start, rec.prefill_end = entry.prefill_start, entry.prefill_end
                 tracked.req.step = 1  # the prefill is the block's first forward
@@ -440,7 +444,9 @@ class SchedulerState:
                     handoffs.append(tracked.req)
         for rid in report.decoded:  # forwards a lost worker's block would have to redo
             tracked = self._active.get(rid)
-            if tracked is not None and tracked.req is not None and worker in tracked.holders:
+            if tracked is None or tracked.req is None or tracked.prefill_due:
+                continue
+            if worker in tracked.holders:
                 tracked.req.step += 1
         for done in report.finished:
             tracked = self._current(done.request_id, done.block, worker)
@@ -468,15 +474,18 @@ class SchedulerState:
             outcome = Outcome(tuple(prefilled), tuple(handoffs), tuple(finished))
             self._apply(self.router.on_iteration(self.clock(), worker, outcome))
 
-    def _current(self, rid: int, block: int, worker: int) -> Tracked | None:
-        """The active request a report entry is about, or None (and a warning) if it is stale or its
-        sender does not hold it."""
+    def _current(self, rid: int, block: int, worker: int, prefill: bool = False) -> Tracked | None:
+        """The active request a report entry (of a `prefill`, else of the block's end) is about, or None
+        (and a warning) if it is stale or its sender does not hold it."""
         tracked = self._active.get(rid)
         if tracked is None or tracked.req is None or tracked.req.block != block:
             log.warning("worker %d reported stale block %d of request %d", worker, block, rid)
             return None
         if worker not in tracked.holders:
             log.warning("worker %d reported request %d, which it does not hold: refused", worker, rid)
+            return None
+        if tracked.prefill_due and not prefill:
+            log.warning("worker %d reported block %d of request %d before its prefill", worker, block, rid)
             return None
         return tracked
 
@@ -499,7 +508,7 @@ class SchedulerState:
                 )  # fmt: skip
                 self._on_effects(effects)
                 continue
-            tracked.holders = (action.worker,)
+            tracked.holders, tracked.prefill_due = (action.worker,), True
             self.send(action.worker, block_work(tracked, req, req.block))
             if tracked.status is RequestStatus.QUEUED:
                 tracked.status = RequestStatus.RUNNING

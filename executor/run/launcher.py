@@ -7,11 +7,14 @@ child in its stdin spec, never on the command line or in the environment.
 
 Once the cluster is up, a dead worker does not end the run: a watch thread tells the scheduler
 (`Control.WorkerExited`), which recovers the worker's requests, and with `restart_workers` starts a new
-process for it on the same device, which registers again and takes work. A worker the scheduler declared
+process for it on the same device, which registers again and takes work. The KV links' rendezvous store
+of a disaggregated or hybrid layout lives here, in the process that outlives every worker: a restarted
+worker, worker 0 included, connects to it again and rebuilds its links. A worker the scheduler declared
 lost while its process lives on (stopped, hung) is killed first when it is to be restarted, and otherwise
 left fenced (it stops once it finds its reports refused). Only the scheduler's exit is fatal.
 
-Imports only the standard library and `sangam` at import time; the client loads lazily.
+Imports only the standard library and `sangam` at import time; the client and torch.distributed (for
+the rendezvous store) load lazily.
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from executor.control.process_specs import SchedulerLaunch, WorkerLaunch, encode
 from executor.model.live_models import TINY_PAGES
 from executor.run.live_options import KV_TRANSPORTS
-from executor.run.ports import free_port
 from sangam.budget import Policy
 from sangam.layout import Kind, Layout, parse_mode
 from sangam.restarts import RestartPolicy, Restarts
 
 if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
     from executor.control.client import SangamClient
     from executor.control.messages import ClusterStatus
 
@@ -122,6 +127,16 @@ def resolve_transport(requested: str, workers: Sequence[WorkerSpec]) -> str:
     return requested
 
 
+def host_rendezvous(timeout_s: float) -> TCPStore:
+    """The KV links' rendezvous store, hosted by this process on a free port (`.port`) until the object
+    is dropped; the workers connect to it as clients (`executor.transfer.links.open_store`)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+
+
 def cpu_workers(n: int) -> tuple[WorkerSpec, ...]:
     return tuple(WorkerSpec("cpu") for _ in range(n))
 
@@ -188,6 +203,7 @@ class LocalCluster:
         self.exits: list[str] = []  # worker processes that ended during the run, one line each
         self.gave_up: dict[int, str] = {}  # workers given up (no new process will come), and why
         self._launches: dict[int, WorkerLaunch] = {}
+        self._rendezvous: TCPStore | None = None  # the KV links' store (disaggregated and hybrid layouts)
         self._stopping = False
         self._stopped = False
         self._watch: threading.Thread | None = None
@@ -222,7 +238,9 @@ class LocalCluster:
             iteration_log=str(spec.iteration_log) if spec.iteration_log is not None else None,
             restart_workers=spec.restart_workers, worker_timeout=spec.worker_timeout,
         )  # fmt: skip
-        dist_port = free_port() if layout.kind is not Kind.COLOCATED else 0
+        if layout.kind is not Kind.COLOCATED:
+            self._rendezvous = host_rendezvous(spec.dist_timeout)
+        dist_port = self._rendezvous.port if self._rendezvous is not None else 0
         self._spawn("scheduler", "executor.control.scheduler_service", scheduler, {})
         while not ready_file.exists():
             self.check()
@@ -409,6 +427,7 @@ class LocalCluster:
                     child.log_file.close()
                 if self.client is not None:
                     self.client.close()
+                self._rendezvous = None  # every worker is gone: the store closes
                 self._stopped = True
 
     def remove_logs(self) -> None:

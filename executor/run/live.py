@@ -7,10 +7,11 @@ block. Results go through `runs.results`, the one format both write, and the sam
 This module imports only the standard library and `sangam` at import time; the client loads lazily.
 
 Layouts: `--mode colocated` (or `<n>C`), and disaggregated `<n>P<m>D` and hybrid `<n>P<m>C`, whose
-workers 0..n-1 are the prefill pool (budget `--prefill-budget`) and the rest the decode role. Those move KV
-over torch.distributed (`executor.transfer.links`): worker 0 hosts the rendezvous store on a port the
-launcher picks; the transport is gloo on CPU, NCCL when every worker has a GPU of its own, and gloo
-through pinned host memory when workers share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one device).
+workers 0..n-1 are the prefill pool (budget `--prefill-budget`) and the rest the decode role. Those move
+KV over torch.distributed (`executor.transfer.links`): the launcher hosts the rendezvous store, so that
+any worker can restart; the transport is gloo on CPU, NCCL when every worker has a GPU of its own, and
+gloo through pinned host memory when workers share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one
+device).
 
 Processes (`executor.run.launcher`): `python -m executor.control.scheduler_service` first, then one
 `python -m executor.worker.process` per GPU (or per `--workers` on CPU); a failed run's error quotes the

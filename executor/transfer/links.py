@@ -1,13 +1,14 @@
 """KV transfer between live workers over torch.distributed.
 
-Rendezvous. Every worker of a disaggregated or hybrid layout opens one `TCPStore` client; worker 0 hosts
-the store on the port the launcher chose (`--dist-port`). Each (prefill worker, decode-role worker) pair
-gets its own two-rank process group built on that store under `sangam/kv/<src>-<dst>/<generation>`:
-rank 0 is the source, rank 1 the destination. A failed attempt leaves a pair's group unusable (a gloo
-timeout closes the pair's connection, an NCCL timeout leaves the communicator hung), so the scheduler
-raises the pair's *generation* after every failed attempt and both ends build a fresh group for it
-before their next transfer. Every group build, and the warm-up message that checks it, has the setup
-timeout; every wire operation of a transfer has the transfer deadline (both well under NCCL's 600 s).
+Rendezvous. Every worker of a disaggregated or hybrid layout opens one `TCPStore` client to the store the
+launcher hosts (`executor.run.launcher.host_rendezvous`), which outlives every worker. Each (prefill
+worker, decode-role worker) pair gets its own two-rank process group built on that store under
+`sangam/kv/<src>-<dst>/<generation>`: rank 0 is the source, rank 1 the destination. A failed attempt
+leaves a pair's group unusable (a gloo timeout closes the pair's connection, an NCCL timeout leaves the
+communicator hung), so the scheduler raises the pair's *generation* after every failed attempt and both
+ends build a fresh group for it before their next transfer. Every group build, and the warm-up message
+that checks it, has the setup timeout; every wire operation of a transfer has the transfer deadline (both
+well under NCCL's 600 s).
 
 Transports. `gloo` moves host memory: CPU workers send their cache pages directly, GPU workers stage
 them through pinned host memory (the path for two workers sharing one GPU, where NCCL refuses two ranks
@@ -63,7 +64,8 @@ def _delta(seconds: float) -> datetime.timedelta:
 
 
 def open_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> dist.TCPStore:
-    """The rendezvous store: worker 0 hosts it, the others connect (retrying up to `timeout_s`)."""
+    """The rendezvous store: one process hosts it (`is_master`), the others connect (retrying up to
+    `timeout_s`)."""
     return dist.TCPStore(host, port, is_master=is_master, timeout=_delta(timeout_s), wait_for_workers=False)
 
 

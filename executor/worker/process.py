@@ -197,7 +197,7 @@ def described(device: torch.device) -> str:
 
 
 def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.device) -> KVTransfers:
-    """Open the rendezvous store (worker 0 hosts it) and build this worker's KV links."""
+    """Connect to the rendezvous store (the launcher hosts it) and build this worker's KV links."""
     if args.dist_port <= 0:
         raise ValueError("a disaggregated or hybrid layout needs --dist-port (the KV rendezvous store)")
     if args.kv_transport == "nccl" and device.type != "cuda":
@@ -210,7 +210,7 @@ def connect_links(args: WorkerLaunch, roles: Sequence[Role], device: torch.devic
     me = args.worker_id
     prefill = [w for w, r in enumerate(roles) if r is Role.PREFILL]
     decode = [w for w, r in enumerate(roles) if r is not Role.PREFILL]
-    store = open_store(args.dist_host, args.dist_port, is_master=me == 0, timeout_s=args.dist_timeout)
+    store = open_store(args.dist_host, args.dist_port, is_master=False, timeout_s=args.dist_timeout)
     config = LinkConfig(args.kv_transport, args.transfer_timeout, args.dist_timeout, host=args.dist_host)
     transfers = KVTransfers(
         me,

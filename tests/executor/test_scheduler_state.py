@@ -253,6 +253,35 @@ def test_a_lost_transfer_source_drops_the_destination_and_the_block_restarts_on_
     assert core.transfers.in_flight == 0
 
 
+def test_a_survivors_late_end_of_a_dropped_block_is_stale_when_the_block_restarts_there() -> None:
+    """1P1C: the prefill worker is lost after its KV reached worker 1, which is told to drop it and
+    is given the block again (an overflow). Its end of the dropped decode, reported before it saw the
+    drop, is refused: the restarted block ends only after its own prefill."""
+    core, sent, _ = recovering("1P1C", 2)
+    tracked = core.submit(Submission(PROMPT, gen_len=64, forwards=(3, 3)))
+    core.on_arrival(tracked)
+    core.on_batch(ReportBatch(0, (handed_off(core, 0),)))
+    arrived = TransferEvent(TransferKind.RECEIVE, 0, 1, True, "", 103.0, 104.0)
+    core.on_batch(ReportBatch(1, transfers=(arrived,)))
+    sent.clear()
+    core.on_worker_lost(0, "its process was killed by SIGKILL")
+    work = BlockWork(0, 100.0, 0, 20, 64, PROMPT, 3)
+    assert sent == [(1, DropOrder(0)), (1, work)]
+
+    first = tuple(range(100, 132))
+    dropped = BlockDone(0, 0, first, 3, 105.0, decode_start=104.0)
+    core.on_batch(ReportBatch(1, (IterationReport(stats(1), 0.1, finished=(dropped,), decoded=(0,)),)))
+    assert tracked.state.blocks_done == 0 and tracked.req is not None and tracked.req.step == 0
+    assert len(sent) == 2
+
+    prefill, end = Prefilled(0, 0, 106.0, 107.0), BlockDone(0, 0, first, 3, 108.0)
+    core.on_batch(ReportBatch(1, (IterationReport(stats(1), 0.1, prefilled=(prefill,), finished=(end,)),)))
+    assert tracked.state.blocks_done == 1
+    assert sent[2] == (1, BlockWork(0, 100.0, 1, 20, 64, PROMPT + first, 3))
+    record = tracked.req.blocks[0]
+    assert (record.prefill_start, record.prefill_end, record.end) == (106.0, 107.0, 108.0)
+
+
 def test_a_layout_left_without_a_decode_worker_fails_its_requests_and_then_the_cluster() -> None:
     core, sent, _ = recovering("1P1D", 2)
     tracked = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))

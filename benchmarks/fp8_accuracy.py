@@ -120,7 +120,7 @@ class Runner:
         """Commit one forward's tokens into `seqs` (in place); the new blocks (N, 32) on the host."""
         blocks = torch.stack([s[start : start + BLOCK] for s in seqs])
         steps = [BlockStep(SamplingParams(threshold=0.9), block, step)] * len(seqs)
-        new = unmask(blocks, logits, steps, self.mask_id).cpu()
+        new = unmask(blocks, logits, steps, self.mask_id).tokens.cpu()
         for s, row in zip(seqs, new, strict=True):
             s[start : start + BLOCK] = row
         return new

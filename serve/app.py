@@ -6,9 +6,10 @@ the waiting line (429 with Retry-After beyond `max_waiting`), the body and the p
 model's limits (400: every refusal the scheduler's admission would make, made before it is asked),
 then Submit and the request's block updates. `max_tokens` becomes whole 32-token blocks, the request's own
 mask buffer (at most `--mask-len`, which a request without `max_tokens` gets), and the text is cut at
-`max_tokens` or at the model's EOS. A stream sends one SSE chunk per
-committed block, then the usage chunk if asked, then `data: [DONE]`. A client that goes away (a closed
-stream or connection) cancels its request at the scheduler. `/health` and `/metrics` need no API key.
+`max_tokens` or at the model's EOS. A stream sends one SSE chunk per committed block (with its tokens'
+log-probs, if asked: `serve.logprobs`), then the usage chunk if asked, then `data: [DONE]`. A client
+that goes away (a closed stream or connection) cancels its request at the scheduler. `/health` and
+`/metrics` need no API key.
 
 No request holds the event loop for long, whatever it carries: the body is refused beyond the size the
 longest prompt the model takes could need (413), and before it is parsed, beyond the JSON strings and
@@ -39,11 +40,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from executor.control.client import SangamError
-from executor.control.messages import ClusterStatus, RequestState, Sampling, Submission, WorkerState
+from executor.control.messages import (
+    MAX_TOP_LOGPROBS,
+    ClusterStatus,
+    Logprobs,
+    RequestState,
+    Sampling,
+    Submission,
+    WorkerState,
+)
 from sangam.hardware import BLOCK, pages_for
 from sangam.request import response_region
 from serve import protocol as api
 from serve.backend import Backend, Limits, ServingState, ShutDown
+from serve.logprobs import OutputLogprobs
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.tokenizer import Message, TextTokenizer
 
@@ -68,6 +78,7 @@ MAX_STOPS = 4  # stop strings: OpenAI's bound
 MAX_STOP_CHARS = 1024  # characters of one stop string
 MAX_MESSAGES = 2048
 MAX_PARTS = 2048  # content parts of all a request's messages
+MAX_COMPLETION_LOGPROBS = 5  # a completion's `logprobs`: OpenAI's bound (chat's top_logprobs: 20)
 # JSON strings and values (commas, brackets and braces outside strings) a body may hold before it is
 # parsed: every message and part with its keys, and a few hundred more; values also a prompt of token ids
 MAX_JSON_STRINGS = 4 * (MAX_MESSAGES + MAX_PARTS) + 256
@@ -111,6 +122,15 @@ class AppConfig:
     @property
     def names(self) -> tuple[str, ...]:
         return self.served_names or (self.model,)
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    """What one committed block adds to a request's output: its text, and the log-probs of the request's
+    tokens so far (None unless asked)."""
+
+    text: str
+    logprobs: Logprobs | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,27 +336,36 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         body = await parsed(request, api.CompletionRequest, limits, tokenizer)
         name = served(body.model)
         max_tokens = check_fields(body, limits)
+        top = check_completion_logprobs(body)
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         chars = sum(len(t) for t in texts if isinstance(t, str))
         check_text_length(chars, tokenizer, limits, response_region(max_tokens))
         prompt = await tokenized(chars, completion_prompt, body.prompt, tokenizer)
-        job = await admit(body, prompt, max_tokens, limits, started)
+        job = await admit(body, prompt, max_tokens, limits, started, top)
         created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
         output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
+        scores = OutputLogprobs(tokenizer) if top is not None else None
         echo = ""
         if body.echo:
             echo = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt)
 
-        def chunk(text: str, finish: str | None) -> api.CompletionChunk:
+        def scored(logprobs: Logprobs | None) -> api.CompletionLogprobs | None:
+            return None if scores is None else scores.completion(output.ids, asked(logprobs))
+
+        def chunk(added: Added, finish: str | None) -> api.CompletionChunk:
             nonlocal echo
-            choice = api.CompletionChoice(text=echo + text, finish_reason=finish)
+            choice = api.CompletionChoice(
+                text=echo + added.text, logprobs=scored(added.logprobs), finish_reason=finish
+            )
             echo = ""  # the prompt goes with the first chunk
             return api.CompletionChunk(id=rid, created=created, model=name, choices=[choice])
 
         if body.stream:
             return sse(job, output, chunk, body, rid, created, name, request, api.CompletionChunk)
-        await until_done(job, output, request)
-        choice = api.CompletionChoice(text=echo + output.sent, finish_reason=output.finish)
+        logprobs = await until_done(job, output, request)
+        choice = api.CompletionChoice(
+            text=echo + output.sent, logprobs=scored(logprobs), finish_reason=output.finish
+        )
         return json_response(
             api.CompletionResponse(
                 id=rid, created=created, model=name, choices=[choice], usage=usage(job, output)
@@ -351,29 +380,35 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         body = await parsed(request, api.ChatRequest, limits, tokenizer)
         name = served(body.model)
         max_tokens = check_fields(body, limits)
+        top = check_chat_logprobs(body)
         check_messages(body.messages)
         messages = [Message(m.role, m.text) for m in body.messages]
         chars = sum(len(m.content) for m in messages)
         check_text_length(chars, tokenizer, limits, response_region(max_tokens))
         prompt = await tokenized(chars + len(messages), tokenizer.chat_prompt, messages)
-        job = await admit(body, prompt, max_tokens, limits, started)
+        job = await admit(body, prompt, max_tokens, limits, started, top)
         created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
         output = Output(tokenizer, () if body.ignore_eos else limits.eos_ids, job.max_tokens, body.stops)
+        scores = OutputLogprobs(tokenizer) if top is not None else None
         first = True
 
-        def chunk(text: str, finish: str | None) -> api.ChatChunk:
+        def scored(logprobs: Logprobs | None) -> api.ChatLogprobs | None:
+            return None if scores is None else scores.chat(output.ids, asked(logprobs))
+
+        def chunk(added: Added, finish: str | None) -> api.ChatChunk:
             nonlocal first
-            delta = api.Delta(role="assistant" if first else None, content=text)
+            delta = api.Delta(role="assistant" if first else None, content=added.text)
             first = False
-            choice = api.ChatChunkChoice(delta=delta, finish_reason=finish)
+            choice = api.ChatChunkChoice(delta=delta, logprobs=scored(added.logprobs), finish_reason=finish)
             return api.ChatChunk(id=rid, created=created, model=name, choices=[choice])
 
         if body.stream:
             return sse(job, output, chunk, body, rid, created, name, request, api.ChatChunk)
-        await until_done(job, output, request)
+        logprobs = await until_done(job, output, request)
         choice = api.ChatChoice(
-            message=api.AssistantMessage(content=output.sent), finish_reason=output.finish
-        )
+            message=api.AssistantMessage(content=output.sent), logprobs=scored(logprobs),
+            finish_reason=output.finish,
+        )  # fmt: skip
         return json_response(
             api.ChatResponse(id=rid, created=created, model=name, choices=[choice], usage=usage(job, output)),
             job.headers,
@@ -405,10 +440,12 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         return await asyncio.get_running_loop().run_in_executor(tokenizing, encode, *args)
 
     async def admit(
-        body: api.Sampling, prompt: list[int], max_tokens: int, limits: Limits, started: float
-    ) -> Job:
-        """Check the prompt, then Submit the request, its mask buffer `max_tokens` in whole blocks;
-        APIError for every refusal."""
+        body: api.Sampling, prompt: list[int], max_tokens: int, limits: Limits, started: float,
+        logprobs: int | None,
+    ) -> Job:  # fmt: skip
+        """Check the prompt, then Submit the request, its mask buffer `max_tokens` in whole blocks
+        (`logprobs`: the alternatives per token asked for, None: no log-probs); APIError for every
+        refusal."""
         gen_len = response_region(max_tokens)
         check_prompt(prompt, limits, gen_len)
         if state.waiting >= config.max_waiting:
@@ -417,7 +454,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             )
         n_blocks = gen_len // BLOCK
         forwards = (body.forwards_per_block,) * n_blocks if body.forwards_per_block is not None else ()
-        sampling = Sampling(body.threshold, body.temperature, body.seed)
+        sampling = Sampling(body.threshold, body.temperature, body.seed, logprobs)
         state.admitting += 1
         try:
             result = await backend.submit(Submission(tuple(prompt), gen_len, sampling, forwards))
@@ -432,9 +469,9 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
 
     # ---- running --------------------------------------------------------------------------------------
 
-    async def blocks(job: Job, output: Output) -> AsyncIterator[str]:
-        """The text each committed block adds, until the output is final; the request's metrics once
-        it ends, and a cancel at the scheduler if the caller stops listening before that."""
+    async def blocks(job: Job, output: Output) -> AsyncIterator[Added]:
+        """What each committed block adds, until the output is final; the request's metrics once it
+        ends, and a cancel at the scheduler if the caller stops listening before that."""
         last: RequestState | None = None
         reason, consumed = "abort", 0
         try:
@@ -445,9 +482,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
                         state.requests[job.request_id] = update.status
                     while consumed < update.blocks_done and output.finish is None:
                         final = update.status == "DONE" and consumed + 1 == update.blocks_done
-                        yield output.add_block(
-                            update.token_ids[BLOCK * consumed : BLOCK * (consumed + 1)], final
-                        )
+                        block = update.token_ids[BLOCK * consumed : BLOCK * (consumed + 1)]
+                        yield Added(output.add_block(block, final), update.logprobs)
                         consumed += 1
                     if output.finish is not None:
                         reason = output.finish
@@ -474,12 +510,15 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             last, time.monotonic() - job.started, reason, job.prompt_tokens, output.completion_tokens
         )
 
-    async def until_done(job: Job, output: Output, request: Request) -> None:
-        """Run the request to its end, or cancel it if the client disconnects first."""
+    async def until_done(job: Job, output: Output, request: Request) -> Logprobs | None:
+        """Run the request to its end, or cancel it if the client disconnects first; the log-probs of its
+        tokens (None unless asked)."""
+        logprobs: Logprobs | None = None
 
         async def consume() -> None:
-            async for _ in blocks(job, output):
-                pass
+            nonlocal logprobs
+            async for added in blocks(job, output):
+                logprobs = added.logprobs
 
         run = asyncio.ensure_future(consume())
         gone = asyncio.ensure_future(disconnected(request))
@@ -490,9 +529,10 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
             end(job, output, None, "abort")  # also if the task was cancelled before it started
             raise APIError(400, "the client disconnected")
         run.result()
+        return logprobs
 
     def sse(
-        job: Job, output: Output, chunk: Callable[[str, str | None], Any], body: api.Sampling,
+        job: Job, output: Output, chunk: Callable[[Added, str | None], Any], body: api.Sampling,
         rid: str, created: int, name: str, request: Request, kind: type[api.ChatChunk | api.CompletionChunk],
     ) -> StreamingResponse:  # fmt: skip
         include_usage, continuous = body.include_usage, body.continuous_usage
@@ -500,8 +540,8 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         async def events() -> AsyncIterator[str]:
             last_write = ""  # the last block's chunk, the usage chunk and [DONE] go out in one write
             try:
-                async for text in blocks(job, output):
-                    block = chunk(text, output.finish)
+                async for added in blocks(job, output):
+                    block = chunk(added, output.finish)
                     if continuous:
                         block.usage = usage(job, output)
                     event = event_of(block.model_dump_json(exclude=None if continuous else {"usage"}))
@@ -567,6 +607,36 @@ def check_fields(body: api.Sampling, limits: Limits) -> int:
             )
         given = value if value is not None else given
     return limits.mask_len if given is None else given
+
+
+def check_chat_logprobs(body: api.ChatRequest) -> int | None:
+    """The alternatives per token a chat asks the log-probs of (None: no log-probs), within OpenAI's
+    bounds; APIError(400) else."""
+    top = body.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"top_logprobs: must lie in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+    if top and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
+    return (top or 0) if body.logprobs else None
+
+
+def check_completion_logprobs(body: api.CompletionRequest) -> int | None:
+    """The alternatives per token a completion asks the log-probs of (None: no log-probs), within OpenAI's
+    bound; APIError(400) else."""
+    top = body.logprobs
+    if top is not None and not 0 <= top <= MAX_COMPLETION_LOGPROBS:
+        raise APIError(400, f"logprobs: must lie in [0, {MAX_COMPLETION_LOGPROBS}], got {top}", "logprobs")
+    if top is not None and body.echo:
+        raise APIError(400, "echo: with logprobs, not supported by Sangam: the prompt's tokens get no "
+                       "log-probs", "echo")  # fmt: skip
+    return top
+
+
+def asked(logprobs: Logprobs | None) -> Logprobs:
+    """The log-probs a request asked for, which the scheduler's states carry from its first block on."""
+    if logprobs is None:
+        raise APIError(500, "the scheduler sent no log-probs for a request that asked for them")
+    return logprobs
 
 
 def check_messages(messages: Sequence[api.ChatMessage]) -> None:

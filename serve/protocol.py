@@ -1,11 +1,11 @@
 """Request and response bodies of the HTTP API, in OpenAI's shapes (as vLLM serves them).
 
 Every field a request carries is acted on or refused: `stop` cuts the text at the first stop string,
-`echo` (completions) puts the prompt's text before it. Any other field (OpenAI's `logprobs`,
-`best_of`, `top_p`, `tools`, ... or an unknown one) is a 400 naming it (`unsupported`), unless it is
-null or its neutral value (`top_p: 1`, `logprobs: false`, ...: what some clients always send) or one of
-OpenAI's fields that only label a request (`user`, `metadata`, ...). The dLLM's own knobs are extra
-fields of both requests:
+`echo` (completions) puts the prompt's text before it, `logprobs` (and chat's `top_logprobs`) add each
+output token's log-probability (`serve.logprobs`). Any other field (OpenAI's `best_of`, `top_p`,
+`tools`, ... or an unknown one) is a 400 naming it (`unsupported`), unless it is null or its neutral
+value (`top_p: 1`, ...: what some clients always send) or one of OpenAI's fields that only label a
+request (`user`, `metadata`, ...). The dLLM's own knobs are extra fields of both requests:
 
 - `threshold`: the confidence threshold of unmasking, in (0, 1] (the server's default: 0.9);
 - `forwards_per_block`: force every 32-token block to take exactly this many forwards (1..32),
@@ -16,8 +16,8 @@ fields of both requests:
 
 The request models are strict, as OpenAI is: no value is coerced to a field's type (`temperature: false`,
 `max_tokens: "1"` or `true`, `stream: "yes"` and `prompt: [true]` are 400s; an integer is a number).
-A neutral value is one of the same type (`logprobs: 0` is not `false`: a completion's `logprobs: 0` asks
-for the chosen tokens' logprobs, so it is refused).
+A neutral value is one of the same type (`top_p: true` is not `1`); chat's `logprobs` is a boolean and a
+completion's an integer (`logprobs: 0` asks for the chosen tokens' log-probs alone).
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class Sampling(BaseModel):
 class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False  # the prompt's text before the generated text
+    logprobs: int | None = None  # each output token's log-prob and its position's `logprobs` likeliest
 
 
 class ContentPart(BaseModel):
@@ -135,10 +136,10 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(Sampling):
-    neutral: ClassVar[Mapping[str, tuple[Any, ...]]] = {**NEUTRAL, "logprobs": (False,)}
-
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
+    logprobs: bool = False  # each output token's log-prob
+    top_logprobs: int | None = None  # and its position's `top_logprobs` likeliest (needs logprobs)
 
 
 class Usage(BaseModel):
@@ -147,10 +148,20 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape: per output token its text, log-prob, likeliest tokens (the chosen one among
+    them) and the offset of its text (`serve.logprobs`)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -168,10 +179,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the UTF-8 bytes of `token`
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -192,7 +217,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 

@@ -51,6 +51,13 @@ class TextTokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens left out (ids it does not know are left out too)."""
 
+    def is_special(self, token: int) -> bool:
+        """Whether `decode` leaves the token out: a special token, or an id the tokenizer does not know."""
+
+    def token_text(self, token: int) -> str:
+        """One token's text on its own (what log-probs name it by, as vLLM does; part of a character's
+        bytes is U+FFFD), a special token's own name (`<|endoftext|>`), "" for an unknown id."""
+
     def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of `messages` through the chat template, ending with the assistant's turn."""
 
@@ -67,6 +74,8 @@ class BuiltinTokenizer:
         config = json.loads((directory / "tokenizer_config.json").read_text())
         self.eos_id = self._tokenizer.token_to_id(config["eos_token"])
         self.longest_token = max(map(len, self._tokenizer.get_vocab()))
+        added = self._tokenizer.get_added_tokens_decoder()
+        self._special = frozenset(token for token, entry in added.items() if entry.special)
         env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
         self._template = env.from_string(config["chat_template"])
 
@@ -80,6 +89,14 @@ class BuiltinTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
+
+    def is_special(self, token: int) -> bool:
+        return token in self._special or self._tokenizer.id_to_token(token) is None
+
+    def token_text(self, token: int) -> str:
+        if self.is_special(token):
+            return self._tokenizer.id_to_token(token) or ""
+        return self.decode([token])
 
     def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
         text = self._template.render(
@@ -125,6 +142,7 @@ class PretrainedTokenizer:
         # what decode keeps: a model's vocabulary may be larger than its tokenizer's (Dream's 152,064 rows
         # against 151,667 tokens), and a slow tokenizer may fail on an id it does not know
         self._text_ids = frozenset(vocab.values()) - special
+        self._names = {token: name for name, token in vocab.items()}
         if not getattr(self._tokenizer, "chat_template", None):
             raise ValueError(f"--tokenizer {directory}: the tokenizer has no chat template")
 
@@ -135,6 +153,12 @@ class PretrainedTokenizer:
         kept = [token for token in ids if token in self._text_ids]
         text: str = self._tokenizer.decode(kept, skip_special_tokens=True)
         return text
+
+    def is_special(self, token: int) -> bool:
+        return token not in self._text_ids
+
+    def token_text(self, token: int) -> str:
+        return self._names.get(token, "") if self.is_special(token) else self.decode([token])
 
     def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
         text = self._tokenizer.apply_chat_template(

@@ -17,7 +17,14 @@ import httpx
 import uvicorn
 from live_helpers import subprocess_env
 
-from executor.control.messages import ClusterStatus, RequestState, RequestStatus, Submission, WorkerState
+from executor.control.messages import (
+    ClusterStatus,
+    Logprobs,
+    RequestState,
+    RequestStatus,
+    Submission,
+    WorkerState,
+)
 from serve.app import AppConfig, create_app
 from serve.backend import Limits, ServingState
 from serve.options import ServeOptions
@@ -65,7 +72,11 @@ class FakeBackend:
             ids += block
             eos = EOS in block
             done = b + 1 == n_blocks or eos
-            yield result(request_id, "DONE" if done else "RUNNING", ids, b + 1, n_blocks, eos=eos)
+            top = sub.sampling.logprobs
+            logprobs = None if top is None else fake_logprobs(ids, top)
+            yield result(
+                request_id, "DONE" if done else "RUNNING", ids, b + 1, n_blocks, eos=eos, logprobs=logprobs
+            )
             if done:
                 return
 
@@ -81,11 +92,23 @@ class FakeBackend:
 
 
 def result(
-    rid: int, status: str, ids: Sequence[int], blocks: int, n_blocks: int, *, eos: bool = False
-) -> RequestState:
+    rid: int, status: str, ids: Sequence[int], blocks: int, n_blocks: int, *, eos: bool = False,
+    logprobs: Logprobs | None = None,
+) -> RequestState:  # fmt: skip
     return RequestState(
-        rid, RequestStatus(status), "", tuple(ids), blocks, n_blocks, eos, 0.0, 0.0, (3,) * blocks
-    )
+        rid, RequestStatus(status), "", tuple(ids), blocks, n_blocks, eos, 0.0, 0.0, (3,) * blocks,
+        logprobs=logprobs,
+    )  # fmt: skip
+
+
+def fake_logprobs(ids: Sequence[int], top: int) -> Logprobs:
+    """The fake scheduler's log-probs: token i's is -i / 100, and its alternatives are the `top` ids
+    after it, each one less likely by 1."""
+    token = tuple(-i / 100 for i in range(len(ids)))
+    alternatives = [
+        ((t + j + 1) % VOCAB, lp - j - 1) for t, lp in zip(ids, token, strict=True) for j in range(top)
+    ]
+    return Logprobs(token, top, tuple(a for a, _ in alternatives), tuple(lp for _, lp in alternatives))
 
 
 @contextmanager

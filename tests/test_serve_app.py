@@ -467,7 +467,7 @@ def test_parameters_sangam_would_ignore_are_refused_naming_them(fake: tuple[str,
     user = [{"role": "user", "content": "hi"}]
     before = len(backend.submitted)
     refused = {
-        "logprobs": lambda: client.completions.create(model=M, prompt="x", logprobs=2),
+        "logprobs": lambda: client.completions.create(model=M, prompt="x", logprobs=6),
         "best_of": lambda: client.completions.create(model=M, prompt="x", best_of=3),
         "suffix": lambda: client.completions.create(model=M, prompt="x", suffix="end"),
         "top_p": lambda: client.completions.create(model=M, prompt="x", top_p=0.5),

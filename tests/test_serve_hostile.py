@@ -300,14 +300,15 @@ def test_max_completion_tokens_is_checked_and_wins_over_max_tokens(fake: tuple[s
     assert reply["usage"]["completion_tokens"] == 40  # as vLLM: max_completion_tokens wins
 
 
-def test_logprobs_are_refused_unless_off(fake: tuple[str, FakeBackend]) -> None:
-    """A completion's `logprobs: 0` asks for the chosen tokens' logprobs: not the neutral `false`."""
+def test_logprobs_take_their_own_json_types_only(fake: tuple[str, FakeBackend]) -> None:
+    """A completion's `logprobs` is a count (0 asks for the chosen tokens' alone), chat's a boolean."""
     url, _ = fake
-    refused(post(url, COMPLETIONS, {"prompt": "x", "logprobs": 0}), "logprobs: not supported", "logprobs")
-    refused(post(url, CHAT, {"messages": USER, "logprobs": 0}), "logprobs: not supported", "logprobs")
-    refused(post(url, CHAT, {"messages": USER, "logprobs": True}), "logprobs: not supported", "logprobs")
+    refused(post(url, COMPLETIONS, {"prompt": "x", "logprobs": False}), "valid integer", "logprobs")
+    refused(post(url, CHAT, {"messages": USER, "logprobs": 0}), "valid boolean", "logprobs")
+    refused(post(url, CHAT, {"messages": USER, "logprobs": "true"}), "valid boolean", "logprobs")
     assert post(url, CHAT, {"messages": USER, "logprobs": False, "max_tokens": 1}).status_code == 200
     assert post(url, COMPLETIONS, {"prompt": "x", "logprobs": None, "max_tokens": 1}).status_code == 200
+    assert post(url, COMPLETIONS, {"prompt": "x", "logprobs": 0, "max_tokens": 1}).status_code == 200
     refused(post(url, COMPLETIONS, {"prompt": "x", "best_of": True}), "best_of: not supported", "best_of")
 
 

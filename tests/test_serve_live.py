@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -101,6 +102,54 @@ def test_completions_from_text_and_from_token_ids(server: tuple[str, Path]) -> N
         model="tiny-llada", prompt=ids, max_tokens=40, extra_body=FAST, stream=True
     )
     assert "".join(c.choices[0].text for c in streamed) == by_ids.choices[0].text
+
+
+def test_logprobs_reach_the_openai_client_streamed_and_not_and_change_no_usage(
+    server: tuple[str, Path],
+) -> None:
+    """Argmax unmasking (the default) commits each position's likeliest token: its log-prob is the first
+    alternative's. The model's numbers themselves are tests/executor/test_logprobs.py's."""
+    url, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    chat: Any = dict(model="tiny-llada", messages=[{"role": "user", "content": "Hi"}], max_tokens=40, seed=2,
+                     extra_body=FAST)  # fmt: skip
+    plain = client.chat.completions.create(**chat)
+    whole = client.chat.completions.create(**chat, logprobs=True, top_logprobs=2)
+    assert whole.usage == plain.usage and whole.choices[0].message.content == plain.choices[0].message.content
+    assert whole.usage is not None and whole.choices[0].logprobs is not None
+    content = whole.choices[0].logprobs.content
+    assert content is not None  # an entry per token of the text (the EOS, which ends it, has none)
+    assert len(content) == whole.usage.completion_tokens - (whole.choices[0].finish_reason == "stop")
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob == entry.top_logprobs[0].logprob < 0 and entry.bytes == list(
+            entry.token.encode()
+        )
+    chunks = list(client.chat.completions.create(**chat, logprobs=True, top_logprobs=2, stream=True))
+    streamed = [e for c in chunks if c.choices for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+
+    ids = TOKENIZER.encode("Hello")
+    completion: Any = dict(model="tiny-llada", prompt=ids, max_tokens=40, extra_body=FAST, logprobs=3)
+    reply = client.completions.create(**completion)
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None and logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None and logprobs.text_offset is not None
+    assert reply.usage is not None
+    assert len(logprobs.tokens) == reply.usage.completion_tokens - (reply.choices[0].finish_reason == "stop")
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        assert top is not None and top[token] == logprob == max(top.values())
+    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+    pieces = list(client.completions.create(**completion, stream=True))
+    assert [t for p in pieces for t in p.choices[0].logprobs.tokens] == logprobs.tokens
+    assert [o for p in pieces for o in p.choices[0].logprobs.text_offset] == logprobs.text_offset
+
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(**{**completion, "logprobs": 6})
 
 
 def test_bad_inputs_are_refused_and_nobody_else_notices(server: tuple[str, Path]) -> None:

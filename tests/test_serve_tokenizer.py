@@ -43,6 +43,15 @@ def test_autotokenizer_reads_the_same_ids_text_and_chat_template() -> None:
     assert builtin.decode([*ids, 298, 299]) == TEXT  # special tokens are left out of the text
 
 
+def test_both_name_each_token_alike_for_its_logprobs() -> None:
+    builtin, pretrained = BuiltinTokenizer(), PretrainedTokenizer(BUILTIN)
+    every = range(310)  # the vocabulary, and ids beyond it
+    assert [pretrained.token_text(t) for t in every] == [builtin.token_text(t) for t in every]
+    assert [pretrained.is_special(t) for t in every] == [builtin.is_special(t) for t in every]
+    assert [t for t in every if builtin.is_special(t)] == [298, 299, *range(300, 310)]
+    assert pretrained.token_text(298) == "<|endoftext|>" and pretrained.token_text(305) == ""
+
+
 def test_which_tokenizer_loads_and_bad_directories(tmp_path: Path) -> None:
     assert isinstance(load_tokenizer(None, "random"), BuiltinTokenizer)
     with pytest.raises(ValueError, match="not a directory"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from executor.control.messages import BlockWork, ModelFacts, Registration, Submission
+from executor.control.messages import MAX_TOP_LOGPROBS, BlockWork, ModelFacts, Registration, Submission
 from sangam.hardware import BLOCK, pages_for
 from sangam.layout import Layout, Role
 
@@ -52,6 +52,8 @@ def check_submission(sub: Submission, facts: ModelFacts, mask_len: int) -> str |
         return f"threshold must lie in (0, 1], got {sampling.threshold}"
     if sampling.temperature is not None and not 0.0 <= sampling.temperature < math.inf:
         return f"temperature must be a finite number >= 0, got {sampling.temperature}"
+    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_TOP_LOGPROBS:
+        return f"log-prob alternatives must lie in [0, {MAX_TOP_LOGPROBS}], got {sampling.logprobs}"
     return None
 
 

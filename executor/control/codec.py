@@ -34,6 +34,7 @@ from executor.control.messages import (
     ItemShape,
     IterationReport,
     IterationStats,
+    Logprobs,
     ModelFacts,
     Prefilled,
     Registered,
@@ -84,6 +85,7 @@ def _submitted_from_pb(msg: pb.Submitted) -> Submitted:
 WIRE: dict[type, Wire] = {
     # clients <-> scheduler
     Sampling: Wire(pb.SamplingParams),
+    Logprobs: Wire(pb.Logprobs),
     Submission: Wire(pb.SubmitRequest, names={"prompt": "prompt_token_ids"}),
     RequestState: Wire(pb.RequestState),
     WatchBatch: Wire(

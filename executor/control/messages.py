@@ -32,6 +32,9 @@ class TransferKind(Enum):
     RELEASE = "release"  # source: free the block's pages
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask the log-probs of (OpenAI's bound)
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """A request's sampling options; None: the worker's default (threshold 0.9, argmax, seed = id)."""
@@ -39,6 +42,36 @@ class Sampling:
     threshold: float | None = None
     temperature: float | None = None
     seed: int | None = None
+    # None: no log-probs; k: each committed token's, and its position's k most likely tokens' (`Logprobs`)
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """Log-probabilities of a run of committed tokens, one entry per token in their order: the token's own
+    in the forward that committed it, and the `top` most likely tokens of that forward at its position with
+    theirs, most likely first. All are the log-softmax of that forward's raw logits (no temperature), the
+    mask id's probability included in the normalisation though it is never proposed nor listed: the
+    token's is the log of the confidence the threshold compares (docs/serve.md, "Log-probabilities").
+    A position not yet committed (a handed-off block's masks) holds NaN."""
+
+    token: tuple[float, ...] = ()
+    top: int = 0  # alternatives per token
+    top_ids: tuple[int, ...] = ()  # token i's alternatives are items [i * top, (i + 1) * top)
+    top_logprobs: tuple[float, ...] = ()
+
+    def __add__(self, other: Logprobs) -> Logprobs:
+        """The entries of `self`, then those of `other` (of the same `top`)."""
+        if self.token and other.token and self.top != other.top:
+            raise ValueError(f"log-probs of {self.top} and {other.top} alternatives do not join")
+        top = self.top if self.token else other.top
+        return Logprobs(self.token + other.token, top, self.top_ids + other.top_ids,
+                        self.top_logprobs + other.top_logprobs)  # fmt: skip
+
+    def alternatives(self, i: int) -> list[tuple[int, float]]:
+        """Token i's alternatives: (id, log-prob), most likely first."""
+        span = slice(i * self.top, (i + 1) * self.top)
+        return list(zip(self.top_ids[span], self.top_logprobs[span], strict=True))
 
 
 # ---- clients <-> scheduler ---------------------------------------------------------------------------
@@ -82,6 +115,7 @@ class RequestState:
     decode_s: float = 0.0
     transfer_s: tuple[float, ...] = ()  # each KV transfer's duration
     overflow_blocks: int = 0  # blocks whose prefill overflowed to a colocated worker (hybrid)
+    logprobs: Logprobs | None = None  # asked for (`Sampling.logprobs`): one entry per id of `token_ids`
 
     @property
     def finished(self) -> bool:
@@ -209,6 +243,7 @@ class Prefilled:
     prefill_end: float
     handoff: bool = False  # a prefill worker keeps the KV for a transfer
     block_tokens: tuple[int, ...] = ()  # handoff: the block's 32 ids after the prefill's unmasking
+    block_logprobs: Logprobs | None = None  # handoff, if asked: theirs (NaN where still masked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +255,7 @@ class BlockDone:
     end: float
     eos: bool = False  # an EOS id was committed in this block
     decode_start: float | None = None  # None when the prefill finished the block
+    logprobs: Logprobs | None = None  # asked for (`Sampling.logprobs`): the 32 tokens'
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +351,7 @@ class TransferOrder:
     work: BlockWork | None = None  # RECEIVE: the block to decode once its KV is in place
     block_tokens: tuple[int, ...] = ()  # RECEIVE: the block's 32 ids after the prefill's unmasking
     step: int = 0  # RECEIVE: forwards the block has had (1: its prefill)
+    block_logprobs: Logprobs | None = None  # RECEIVE, if asked: `Prefilled.block_logprobs`
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from executor.control.messages import (
     ClusterStatus,
     DropOrder,
     IterationReport,
+    Logprobs,
     ModelFacts,
     Registered,
     Registration,
@@ -75,11 +76,13 @@ class Tracked:
     sampling: Sampling
     req: Request | None = None  # None for a request rejected at Submit
     handoff_tokens: tuple[int, ...] = ()  # the handed-off block's ids after its prefill
+    handoff_logprobs: Logprobs | None = None  # and theirs, if asked
     holders: tuple[int, ...] = ()  # the workers whose reports of the current block are accepted
     # Dispatched and not yet prefilled: a decode or an end of the block reported now is of work dropped
     # before (a survivor's decode of KV from a lost worker, re-dispatched to the same survivor).
     prefill_due: bool = False
     generated: list[int] = field(default_factory=list)
+    logprobs: Logprobs | None = None  # of `generated`, if the request asked (`Sampling.logprobs`)
     status: RequestStatus = RequestStatus.QUEUED
     error: str = ""
     eos: bool = False
@@ -251,6 +254,8 @@ class SchedulerState:
             prompt = list(sub.prompt) if reason is None else []
             watched = sub.watch and reason is None
             tracked = Tracked(rid, arrival, prompt, n_blocks, planned, sub.sampling, watched=watched)
+            if sub.sampling.logprobs is not None and reason is None:
+                tracked.logprobs = Logprobs(top=sub.sampling.logprobs)
             self.tracked[rid] = tracked
             self.submitted += 1
             if reason is not None:
@@ -435,6 +440,7 @@ class SchedulerState:
                 prefilled.append(tracked.req)
                 if entry.handoff:
                     tracked.handoff_tokens = entry.block_tokens
+                    tracked.handoff_logprobs = entry.block_logprobs
                     handoffs.append(tracked.req)
         for rid in report.decoded:  # forwards a lost worker's block would have to redo
             tracked = self._active.get(rid)
@@ -452,6 +458,8 @@ class SchedulerState:
                 rec.decode_start, rec.decode_worker = done.decode_start, worker
             req.steps = (*req.steps[:block], done.forwards, *req.steps[block + 1 :])
             tracked.generated.extend(done.tokens)
+            if tracked.logprobs is not None and done.logprobs is not None:
+                tracked.logprobs += done.logprobs
             if done.eos and self.stop_at_eos and tracked.planned is None and block + 1 < req.n_blocks:
                 req.output_len, req.steps, tracked.eos = BLOCK * (block + 1), req.steps[: block + 1], True
             req.end_block(done.end)
@@ -495,8 +503,9 @@ class SchedulerState:
                 work = block_work(tracked, req, req.block)
                 tracked.holders = (action.src, action.dst)
                 effects = self.transfers.start(
-                    self.clock(), req, action.src, action.dst, work, tracked.handoff_tokens
-                )
+                    self.clock(), req, action.src, action.dst, work, tracked.handoff_tokens,
+                    tracked.handoff_logprobs,
+                )  # fmt: skip
                 self._on_effects(effects)
                 continue
             tracked.holders, tracked.prefill_due = (action.worker,), True
@@ -560,6 +569,7 @@ class SchedulerState:
             arrival=t.arrival,
             end=end or 0.0,
             forwards=tuple(req.steps[: req.block]) if req is not None else (),
+            logprobs=t.logprobs,
             **(latency_parts(req) if req is not None and req.finished else {}),
         )  # before the swap: a stream that sees the new event sees this state
         changed, t.changed = t.changed, threading.Event()

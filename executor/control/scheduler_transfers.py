@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
+from executor.control.messages import BlockWork, Logprobs, TransferEvent, TransferKind, TransferOrder
 from sangam.request import Request
 
 log = logging.getLogger("sangam.scheduler")
@@ -44,6 +44,7 @@ class KVTransfer:
     decided: float  # the router's decision
     work: BlockWork  # what the destination decodes once the KV is in place
     block_tokens: tuple[int, ...]  # the block's ids after the prefill's unmasking
+    block_logprobs: Logprobs | None  # and theirs, if the request asked
     link_start: float | None = None  # the destination's link thread took its first attempt
     attempt: int = 0
     generation: int = 0
@@ -106,10 +107,13 @@ class Transfers:
         return len(self._live)
 
     def start(
-        self, now: float, req: Request, src: int, dst: int, work: BlockWork, block_tokens: tuple[int, ...]
-    ) -> list[Effect]:
+        self, now: float, req: Request, src: int, dst: int, work: BlockWork, block_tokens: tuple[int, ...],
+        block_logprobs: Logprobs | None = None,
+    ) -> list[Effect]:  # fmt: skip
         """The router reserved the destination's pages: the first attempt's orders at both ends."""
-        transfer = KVTransfer(next(self._ids), req, req.block, src, dst, now, work, block_tokens)
+        transfer = KVTransfer(
+            next(self._ids), req, req.block, src, dst, now, work, block_tokens, block_logprobs
+        )
         self._live[transfer.id] = transfer
         return self._attempt(transfer)
 
@@ -188,7 +192,7 @@ class Transfers:
         receive = TransferOrder(
             TransferKind.RECEIVE, *common, peer=transfer.src, pages=transfer.req.pages,
             generation=transfer.generation, tag=tag, work=transfer.work, block_tokens=transfer.block_tokens,
-            step=1,
+            step=1, block_logprobs=transfer.block_logprobs,
         )  # fmt: skip
         send = TransferOrder(
             TransferKind.SEND, *common, peer=transfer.dst, pages=transfer.req.pages,

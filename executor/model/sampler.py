@@ -19,6 +19,10 @@ At a temperature, the Gumbel noise and the noisy scores are float64, as LLaDA's 
 (its authors report that lower precision hurts quality).
 
 Committed tokens are never re-masked.
+
+Every forward's log-probabilities (the log-softmax of the raw logits, the mask id's column then set to
+-inf) come back with the new tokens, so that a request asking for log-probs reads the very numbers its
+tokens were scored by: a committed token's log-prob is the log of its confidence.
 """
 
 from __future__ import annotations
@@ -65,6 +69,15 @@ class BlockStep:
         return self.forwards - self.step
 
 
+@dataclass(frozen=True, slots=True)
+class Unmasked:
+    """One forward's sampling: the new block tokens (N, 32) and the log-probabilities (N, 32, vocab)
+    they were scored by (the mask id's at -inf), both on the logits' device."""
+
+    tokens: Tensor
+    logprobs: Tensor
+
+
 def unmask(
     block_tokens: Tensor,
     logits: Tensor,
@@ -72,8 +85,8 @@ def unmask(
     mask_id: int,
     *,
     first_at_refresh: bool = False,
-) -> Tensor:
-    """New block tokens (N, 32), on the logits' device, from tokens (N, 32) and logits (N, 32, vocab).
+) -> Unmasked:
+    """New block tokens (N, 32) from tokens (N, 32) and logits (N, 32, vocab), with their log-probs.
 
     `first_at_refresh` (Dream): a threshold-mode item's first forward of a block commits exactly the
     block's first position (the module's docstring says why).
@@ -92,28 +105,35 @@ def unmask(
         thresholds.append(step.params.threshold if left is None else torch.inf)
         firsts.append(first_at_refresh and left is None and step.step == 0 and first_masked)
     device = logits.device
-    tokens = _to_device(host, device)
-    quota = _to_device(torch.tensor(quotas)[:, None], device)
-    threshold = _to_device(torch.tensor(thresholds)[:, None], device)
+    tokens = to_device(host, device)
+    quota = to_device(torch.tensor(quotas)[:, None], device)
+    threshold = to_device(torch.tensor(thresholds)[:, None], device)
     masked = tokens == mask_id
-    proposal, confidence = propose(logits, mask_id, steps)
+    logprobs = log_probs(logits, mask_id)
+    proposal, confidence = propose(logits, mask_id, steps, logprobs)
     commit = masked & (top_commits(confidence.masked_fill(~masked, -1.0), quota) | (confidence >= threshold))
     if any(firsts):
-        only_first = _to_device(torch.tensor(firsts)[:, None], device)
+        only_first = to_device(torch.tensor(firsts)[:, None], device)
         at_start = torch.arange(commit.shape[-1], device=device) == 0
         commit = torch.where(only_first, at_start.expand_as(commit), commit)
-    return torch.where(commit, proposal, tokens)
+    return Unmasked(torch.where(commit, proposal, tokens), logprobs)
 
 
-def propose(logits: Tensor, mask_id: int, steps: Sequence[BlockStep]) -> tuple[Tensor, Tensor]:
-    """Proposed tokens (N, 32) and their confidence, the raw softmax probability, (N, 32): argmax items
-    together, Gumbel-max items (temperature > 0) each with its step's generator.
-
-    The mask id is never proposed: committing it would leave the position masked and break the
-    at-least-one-commit guarantee (random weights do propose it).
-    """
+def log_probs(logits: Tensor, mask_id: int) -> Tensor:
+    """The raw log-softmax of `logits` in float32, the mask id's then set to -inf: the mask id is never
+    proposed (committing it would leave the position masked and break the at-least-one-commit
+    guarantee; random weights do propose it), but its probability stays in the normalisation."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     logprobs[..., mask_id] = -torch.inf
+    return logprobs
+
+
+def propose(
+    logits: Tensor, mask_id: int, steps: Sequence[BlockStep], logprobs: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Proposed tokens (N, 32) and their confidence, the raw softmax probability, (N, 32): argmax items
+    together, Gumbel-max items (temperature > 0) each with its step's generator (`logprobs`: the
+    logits' `log_probs`)."""
     proposal = logprobs.argmax(-1)
     for i, step in enumerate(steps):
         if step.params.temperature > 0.0:
@@ -142,7 +162,7 @@ def top_commits(confidence: Tensor, count: Tensor) -> Tensor:
     return rank < count
 
 
-def _to_device(host: Tensor, device: torch.device) -> Tensor:
+def to_device(host: Tensor, device: torch.device) -> Tensor:
     """A copy that does not wait for the work queued on the GPU (pinned, asynchronous)."""
     if device.type != "cuda":
         return host.to(device)

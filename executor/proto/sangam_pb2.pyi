@@ -40,18 +40,39 @@ PREFILL: ItemKind
 DECODE: ItemKind
 
 class SamplingParams(_message.Message):
-    __slots__ = ("threshold", "temperature", "seed")
+    __slots__ = ("threshold", "temperature", "seed", "logprobs")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     temperature: float
     seed: int
+    logprobs: int
     def __init__(
         self,
         threshold: _Optional[float] = ...,
         temperature: _Optional[float] = ...,
         seed: _Optional[int] = ...,
+        logprobs: _Optional[int] = ...,
+    ) -> None: ...
+
+class Logprobs(_message.Message):
+    __slots__ = ("token", "top", "top_ids", "top_logprobs")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token: _containers.RepeatedScalarFieldContainer[float]
+    top: int
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(
+        self,
+        token: _Optional[_Iterable[float]] = ...,
+        top: _Optional[int] = ...,
+        top_ids: _Optional[_Iterable[int]] = ...,
+        top_logprobs: _Optional[_Iterable[float]] = ...,
     ) -> None: ...
 
 class SubmitRequest(_message.Message):
@@ -116,6 +137,7 @@ class RequestState(_message.Message):
         "decode_s",
         "transfer_s",
         "overflow_blocks",
+        "logprobs",
     )
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +154,7 @@ class RequestState(_message.Message):
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     status: RequestStatus
     error: str
@@ -147,6 +170,7 @@ class RequestState(_message.Message):
     decode_s: float
     transfer_s: _containers.RepeatedScalarFieldContainer[float]
     overflow_blocks: int
+    logprobs: Logprobs
     def __init__(
         self,
         request_id: _Optional[int] = ...,
@@ -164,6 +188,7 @@ class RequestState(_message.Message):
         decode_s: _Optional[float] = ...,
         transfer_s: _Optional[_Iterable[float]] = ...,
         overflow_blocks: _Optional[int] = ...,
+        logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...,
     ) -> None: ...
 
 class WatchRequest(_message.Message):
@@ -609,6 +634,7 @@ class TransferOrder(_message.Message):
         "work",
         "block_tokens",
         "step",
+        "block_logprobs",
     )
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -622,6 +648,7 @@ class TransferOrder(_message.Message):
     WORK_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     kind: TransferKind
     transfer_id: int
     attempt: int
@@ -634,6 +661,7 @@ class TransferOrder(_message.Message):
     work: BlockWork
     block_tokens: _containers.RepeatedScalarFieldContainer[int]
     step: int
+    block_logprobs: Logprobs
     def __init__(
         self,
         kind: _Optional[_Union[TransferKind, str]] = ...,
@@ -648,6 +676,7 @@ class TransferOrder(_message.Message):
         work: _Optional[_Union[BlockWork, _Mapping]] = ...,
         block_tokens: _Optional[_Iterable[int]] = ...,
         step: _Optional[int] = ...,
+        block_logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...,
     ) -> None: ...
 
 class TransferEvent(_message.Message):
@@ -757,19 +786,29 @@ class IterationStats(_message.Message):
     ) -> None: ...
 
 class Prefilled(_message.Message):
-    __slots__ = ("request_id", "block", "prefill_start", "prefill_end", "handoff", "block_tokens")
+    __slots__ = (
+        "request_id",
+        "block",
+        "prefill_start",
+        "prefill_end",
+        "handoff",
+        "block_tokens",
+        "block_logprobs",
+    )
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     PREFILL_START_FIELD_NUMBER: _ClassVar[int]
     PREFILL_END_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     block: int
     prefill_start: float
     prefill_end: float
     handoff: bool
     block_tokens: _containers.RepeatedScalarFieldContainer[int]
+    block_logprobs: Logprobs
     def __init__(
         self,
         request_id: _Optional[int] = ...,
@@ -778,10 +817,11 @@ class Prefilled(_message.Message):
         prefill_end: _Optional[float] = ...,
         handoff: _Optional[bool] = ...,
         block_tokens: _Optional[_Iterable[int]] = ...,
+        block_logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...,
     ) -> None: ...
 
 class BlockDone(_message.Message):
-    __slots__ = ("request_id", "block", "tokens", "forwards", "decode_start", "end", "eos")
+    __slots__ = ("request_id", "block", "tokens", "forwards", "decode_start", "end", "eos", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -789,6 +829,7 @@ class BlockDone(_message.Message):
     DECODE_START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     block: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -796,6 +837,7 @@ class BlockDone(_message.Message):
     decode_start: float
     end: float
     eos: bool
+    logprobs: Logprobs
     def __init__(
         self,
         request_id: _Optional[int] = ...,
@@ -805,6 +847,7 @@ class BlockDone(_message.Message):
         decode_start: _Optional[float] = ...,
         end: _Optional[float] = ...,
         eos: _Optional[bool] = ...,
+        logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...,
     ) -> None: ...
 
 class IterationReport(_message.Message):

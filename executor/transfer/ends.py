@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from executor.control.admission import check_work
-from executor.control.messages import BlockWork, TransferEvent, TransferKind, TransferOrder
+from executor.control.messages import BlockWork, Logprobs, TransferEvent, TransferKind, TransferOrder
 from executor.transfer.links import KVTransfers, TransferError, TransferJob, TransferResult
 from sangam.batcher import Batcher
 from sangam.hardware import BLOCK, pages_for
@@ -44,10 +44,12 @@ class WorkerEngine(Protocol):
         """Forget the job `local`, which holds pages outside the batcher's queues, and free its pages."""
 
     def receiving_job(
-        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int
-    ) -> tuple[int, tuple[int, ...]]:
-        """A new job for a block whose KV is received here, resumed at `step` with `block_tokens`, and
-        `pages` pages allocated to it: its local id and the pages."""
+        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int,
+        block_logprobs: Logprobs | None = None,
+    ) -> tuple[int, tuple[int, ...]]:  # fmt: skip
+        """A new job for a block whose KV is received here, resumed at `step` with `block_tokens` (and
+        their `block_logprobs`, if asked), and `pages` pages allocated to it: its local id and the
+        pages."""
 
     def start_decode(self, local: int) -> None:
         """The job `local`, its KV received, joins the batcher's decodes."""
@@ -150,7 +152,9 @@ class TransferEnds:
         pool = engine.batcher.pool
         if not pool.can_allocate(order.pages):
             raise MemoryError(f"no room for the KV: {order.pages} pages needed, {pool.num_free} free")
-        local, pages = engine.receiving_job(work, call, order.block_tokens, order.step, order.pages)
+        local, pages = engine.receiving_job(
+            work, call, order.block_tokens, order.step, order.pages, order.block_logprobs
+        )
         self.receiving[order.transfer_id, order.attempt] = local
         self.receive_jobs[local] = receive = _transfer_job(order, pages)
         try:

@@ -33,6 +33,7 @@ from executor.control.messages import (
     ItemShape,
     IterationReport,
     IterationStats,
+    Logprobs,
     Prefilled,
     Sampling,
     TransferEvent,
@@ -50,6 +51,7 @@ from executor.model.sampler import BlockStep, SamplingParams, commits_eos, unmas
 from executor.model.transformer import Transformer
 from executor.transfer.ends import TransferEnds
 from executor.transfer.links import KVTransfers, TransferResult
+from executor.worker.logprobs import BlockLogprobs, ForwardScores
 from runs.results import iteration_row
 from sangam.batcher import Batcher, Microbatch
 from sangam.hardware import BLOCK
@@ -70,6 +72,7 @@ class Job:
     forwards: int | None  # planned forwards; None: the sampler decides
     rid: int | None = None  # the scheduler's request id, when `req.id` is a worker-local id
     call: int = 0  # the Enqueue call that brought it (a drop applies to the work of earlier calls)
+    logprobs: BlockLogprobs | None = None  # the request asked for them (`Sampling.logprobs`)
 
     @property
     def request_id(self) -> int:
@@ -157,7 +160,9 @@ class Engine:
         req = Request(local, work.arrival, work.prompt_len, BLOCK, work.mask_len, (forwards or BLOCK,))
         block_start = work.prompt_len + BLOCK * work.block
         params = sampling_params(work.sampling, work.request_id)
-        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id, call)
+        top = work.sampling.logprobs
+        logprobs = BlockLogprobs(top) if top is not None else None
+        return Job(req, work.block, block_start, tokens, params, forwards, work.request_id, call, logprobs)
 
     # ---- KV transfers (any thread) -------------------------------------------------------------------
 
@@ -177,12 +182,16 @@ class Engine:
         self.batcher.release(job.req)
 
     def receiving_job(
-        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int
-    ) -> tuple[int, tuple[int, ...]]:
-        """A job for a block whose KV `TransferEnds` receives, resumed at `step` with `block_tokens`, with
-        `pages` pages allocated to it (under the lock): its local id and the pages."""
+        self, work: BlockWork, call: int, block_tokens: Sequence[int], step: int, pages: int,
+        block_logprobs: Logprobs | None = None,
+    ) -> tuple[int, tuple[int, ...]]:  # fmt: skip
+        """A job for a block whose KV `TransferEnds` receives, resumed at `step` with `block_tokens` (and
+        their `block_logprobs`, if asked), with `pages` pages allocated to it (under the lock): its local
+        id and the pages."""
         job = self.new_job(work, call)
         job.tokens[job.block_start : job.block_start + BLOCK] = torch.tensor(list(block_tokens))
+        if block_logprobs is not None:
+            job.logprobs = BlockLogprobs.resumed(block_logprobs)
         job.req.step = step
         allocated = tuple(self.batcher.pool.allocate(job.req.id, pages))
         self.jobs[job.req.id] = job
@@ -209,10 +218,17 @@ class Engine:
         blocks = torch.stack([j.tokens[j.block_start : j.block_start + BLOCK] for j in jobs])
 
         logits, gpu_s = self._timed_forward(items)
-        committed = unmask(blocks, logits, steps, self.mask_id, first_at_refresh=self.first_at_refresh)
+        sampled = unmask(blocks, logits, steps, self.mask_id, first_at_refresh=self.first_at_refresh)
+        asking = {i: j.logprobs for i, j in enumerate(jobs) if j.logprobs is not None}
+        scores = None
+        if asking:  # else nothing more than the sampler's work
+            top = max(logprobs.top for logprobs in asking.values())
+            scores = ForwardScores.launch(sampled.logprobs, sampled.tokens, list(asking), top)
         on_launch()
-        new_blocks = committed.cpu()
+        new_blocks = sampled.tokens.cpu()
         gpu_s = gpu_s()
+        if scores is not None:
+            self._record(asking, blocks, new_blocks, scores.host())
         done: dict[int, Tensor] = {}
         for job, new in zip(jobs, new_blocks, strict=True):
             job.tokens[job.block_start : job.block_start + BLOCK] = new
@@ -229,6 +245,14 @@ class Engine:
         decoded = tuple(j.request_id for j in decodes)
         with self.lock:
             return self._complete(mb, start, end, items, done, gpu_s, decoded)
+
+    def _record(
+        self, asking: dict[int, BlockLogprobs], before: Tensor, after: Tensor, scores: ForwardScores
+    ) -> None:
+        """The positions this forward committed (masked `before`, not `after`) of the items `asking` for
+        log-probs take theirs from its `scores`, whose rows are those items' in order."""
+        for row, (i, logprobs) in enumerate(asking.items()):
+            logprobs.record((before[i] == self.mask_id) & (after[i] != self.mask_id), scores, row)
 
     def _complete(
         self,
@@ -255,7 +279,8 @@ class Engine:
             entry = Prefilled(job.request_id, job.block, rec.prefill_start, rec.prefill_end)
             if id(req) in handoffs:  # the KV stays here until the scheduler's RELEASE
                 block_tokens = tuple(job.tokens[job.block_start : job.block_start + BLOCK].tolist())
-                entry = replace(entry, handoff=True, block_tokens=block_tokens)
+                block_logprobs = job.logprobs.message() if job.logprobs is not None else None
+                entry = replace(entry, handoff=True, block_tokens=block_tokens, block_logprobs=block_logprobs)
                 self.ends.keep(job.request_id, job.block, req.id)
             prefilled.append(entry)
         finished = []
@@ -264,8 +289,9 @@ class Engine:
             assert rec.end is not None
             eos = commits_eos(tokens, self.eos_ids)
             ids = tuple(tokens.tolist())
+            logprobs = job.logprobs.message() if job.logprobs is not None else None
             done_block = BlockDone(
-                job.request_id, job.block, ids, req.steps[0], rec.end, eos, rec.decode_start
+                job.request_id, job.block, ids, req.steps[0], rec.end, eos, rec.decode_start, logprobs
             )
             finished.append(done_block)
         stats = self._stats(start, end, mb)

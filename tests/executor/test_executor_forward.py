@@ -146,7 +146,7 @@ def test_scheduled_block_runs_prefill_then_decodes_to_completion(family: Family,
             logits,
             [BlockStep(params, 0, step, forwards)],
             model.config.mask_id,
-        )
+        ).tokens
         tokens = torch.cat([tokens[:12], block[0], tokens[12 + BLOCK :]])
         phase, step = Phase.DECODE, step + 1
     assert step == forwards

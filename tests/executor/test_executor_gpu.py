@@ -66,7 +66,7 @@ def test_full_size_mixed_microbatch_on_gpu(family: Family) -> None:
     steps = [BlockStep(SamplingParams(temperature=1.0, seed=rid), 0, 1) for rid in range(4)]
     blocks = torch.full((4, BLOCK), config.mask_id, device="cuda")
     first, second = (
-        unmask(blocks, together, steps, config.mask_id),
-        unmask(blocks, together, steps, config.mask_id),
+        unmask(blocks, together, steps, config.mask_id).tokens,
+        unmask(blocks, together, steps, config.mask_id).tokens,
     )
     assert torch.equal(first, second) and ((first != config.mask_id).sum(-1) >= 1).all()

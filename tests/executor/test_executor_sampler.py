@@ -15,6 +15,7 @@ from executor.model.sampler import (
     block_done,
     commits_eos,
     ends_generation,
+    log_probs,
     propose,
     schedule_quota,
     step_seed,
@@ -38,11 +39,14 @@ def peaked(tokens: list[int], probs: list[float]) -> Tensor:
 
 def unmask_block(block: Tensor, logits: Tensor, block_step: BlockStep, mask_id: int) -> Tensor:
     """`unmask` of a batch of one."""
-    return unmask(block[None], logits[None], [block_step], mask_id)[0]
+    return unmask(block[None], logits[None], [block_step], mask_id).tokens[0]
 
 
 def propose_one(logits: Tensor, temperature: float = 0.0, seed: int = 0) -> tuple[Tensor, Tensor]:
-    proposal, confidence = propose(logits[None], MASK, [step(temperature=temperature, seed=seed)])
+    batch = logits[None]
+    proposal, confidence = propose(
+        batch, MASK, [step(temperature=temperature, seed=seed)], log_probs(batch, MASK)
+    )
     return proposal[0], confidence[0]
 
 
@@ -122,13 +126,15 @@ def test_dreams_refresh_commits_the_first_position_whatever_the_confidence() -> 
     probs = [0.99] * BLOCK
     probs[0] = 0.2
     logits = peaked(list(range(BLOCK)), probs)
-    first = unmask(masks()[None], logits[None], [step(0)], MASK, first_at_refresh=True)[0]
+    first = unmask(masks()[None], logits[None], [step(0)], MASK, first_at_refresh=True).tokens[0]
     expected = masks()
     expected[0] = int(logits[0].argmax())  # a straightforward statement of the rule
     assert torch.equal(first, expected)
-    later = unmask(masks()[None], logits[None], [step(1)], MASK, first_at_refresh=True)[0]
+    later = unmask(masks()[None], logits[None], [step(1)], MASK, first_at_refresh=True).tokens[0]
     assert torch.equal(later, unmask_block(masks(), logits, step(1), MASK))
-    scheduled = unmask(masks()[None], logits[None], [step(0, forwards=1)], MASK, first_at_refresh=True)[0]
+    scheduled = unmask(
+        masks()[None], logits[None], [step(0, forwards=1)], MASK, first_at_refresh=True
+    ).tokens[0]
     assert scheduled.ne(MASK).all()
     assert unmask_block(masks(), logits, step(0), MASK).ne(MASK).sum() == BLOCK - 1  # LLaDA's rule
 
@@ -235,6 +241,6 @@ def test_a_batch_unmasks_each_item_as_if_alone(items: list[tuple[int, int | None
         logits.append(torch.randn(BLOCK, VOCAB, generator=generator) * 3)
         params = SamplingParams(threshold=0.2, temperature=temperature, seed=seed)
         steps.append(BlockStep(params, block=seed % 3, step=taken, forwards=forwards))
-    out = unmask(torch.stack(blocks), torch.stack(logits), steps, MASK)
+    out = unmask(torch.stack(blocks), torch.stack(logits), steps, MASK).tokens
     for i, (block, item_logits, block_step) in enumerate(zip(blocks, logits, steps, strict=True)):
         assert torch.equal(out[i], reference_unmask(block, item_logits, block_step))

@@ -15,11 +15,13 @@ from executor.control.messages import (
     DropOrder,
     IterationReport,
     IterationStats,
+    Logprobs,
     Prefilled,
     Registered,
     Registration,
     ReportBatch,
     RequestStatus,
+    Sampling,
     Submission,
     TransferEvent,
     TransferKind,
@@ -116,6 +118,36 @@ def test_a_colocated_request_runs_block_by_block_and_ends_done_with_its_record()
     assert tracked.state.status is RequestStatus.DONE and tracked.state.end == 106.0
     assert tracked.state.token_ids == first + second and tracked.state.forwards == (3, 4)
     assert [r.id for r in core.records] == [0] and core.done == 1
+
+
+def test_a_request_asking_for_logprobs_gets_every_blocks_in_order_and_others_none() -> None:
+    core, sent = state("colocated", 1)
+    core.register(registration(0))
+    asking = core.submit(Submission(PROMPT, gen_len=64, sampling=Sampling(logprobs=1), forwards=(3, 4)))
+    other = core.submit(Submission(PROMPT, gen_len=32, forwards=(3,)))
+    core.on_arrival(asking)
+    core.on_arrival(other)
+    assert [work.sampling.logprobs for _, work in sent] == [1, None]  # type: ignore[attr-defined]
+    assert asking.state.logprobs == Logprobs(top=1) and other.state.logprobs is None
+
+    def scores(block: int) -> Logprobs:
+        return Logprobs(tuple(-(block + i / 100) for i in range(32)), 1, tuple(range(32)), (-0.5,) * 32)
+
+    for block in (0, 1):
+        ids = tuple(range(100 * block, 100 * block + 32))
+        prefilled = tuple(Prefilled(rid, block, 101.0, 102.0) for rid in (0, 1)[: 2 - block])
+        finished = tuple(
+            BlockDone(rid, block, ids, 3, 103.0, logprobs=scores(block) if rid == 0 else None)
+            for rid in (0, 1)[: 2 - block]
+        )
+        core.on_batch(
+            ReportBatch(0, (IterationReport(stats(0), 0.1, prefilled=prefilled, finished=finished),))
+        )
+    assert asking.state.status is RequestStatus.DONE and asking.state.logprobs == scores(0) + scores(1)
+    assert len(asking.state.logprobs.token) == len(asking.state.token_ids) == 64
+    assert other.state.status is RequestStatus.DONE and other.state.logprobs is None
+    refused = core.submit(Submission(PROMPT, gen_len=32, sampling=Sampling(logprobs=21))).state
+    assert refused.error == "log-prob alternatives must lie in [0, 20], got 21" and refused.logprobs is None
 
 
 def test_a_transfer_given_up_fails_the_request_and_gives_both_ends_pages_back_to_the_tally() -> None:

@@ -15,7 +15,7 @@ and the KV pages each block holds, differ.
 - `--live`: `sangam live` replays of the same two traces at each `--qps`, with the arguments after `--`
   (none given: `--workers 1 --progress fixed:4`, the tiny model on one CPU worker, four forwards per
   block); on one H200, random LLaDA-8B weights and the simulator's forwards per block:
-  `python -m benchmarks.response_length --live -n 400 --qps 2 3 -- --gpus 0 --model llada-8b --gpu h200`.
+  `python -m benchmarks.response_length --live -n 400 --qps 2 3 -- --gpus 1 --model llada-8b --gpu h200`.
 
 Run: python -m benchmarks.response_length [-n N] [--qps Q ...] [--mix 64,256,1024] [--live] [-- LIVE ARGS]
 """

@@ -186,7 +186,10 @@ def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointS
     )  # fmt: skip
     link, control_ms = run.summary.get("kv_link"), run.summary.get("control_ms")  # a sim run's own
     if isinstance(link, dict):
-        spec = dataclasses.replace(spec, link=LinkSpec(float(link["gb_per_s"]), float(link["latency_s"])))
+        handoff = float(link.get("handoff_s", 0.0))
+        spec = dataclasses.replace(
+            spec, link=LinkSpec(float(link["gb_per_s"]), float(link["latency_s"]), handoff)
+        )
     if isinstance(control_ms, int | float):
         spec = dataclasses.replace(spec, control_s=control_ms / 1000)
     return spec

@@ -1,7 +1,8 @@
 """A simulation resolved on its testbed once, into one typed object that the drivers hand down.
 
 A testbed supplies what a run cannot observe (docs/design.md section 7): its GPU and KV pages, arrival
-clip, forwards per block, KV link, control delay and the profile that prices iterations. Flags given
+clip, forwards per block, KV link and handoff, control delay, the profile that prices iterations and
+what its worker loop adds to them. Flags given
 explicitly override its values. `Resolver` does this once per testbed (each model's profile is read
 once) and `resolve` once per run; nothing downstream looks a name up again.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from profiles.store import Profile
 from profiles.testbed import Testbed
 from profiles.testbeds import (
+    looped_cost_model,
     scaled_cost_model,
     testbed_config,
     testbed_progress,
@@ -57,7 +59,7 @@ class Resolver:
     ) -> Setup:
         """`base` on the testbed, except where `given` (pages, arrival_clip, arrival_cv given explicitly)
         or `progress` (`--progress`) say; iterations priced by the model's profile times `scales`
-        (default: the testbed's for the model) times `--time-scale`."""
+        (default: the testbed's for the model) times `--time-scale`, plus the testbed's loop costs."""
         model = base.model
         if model not in self._unscaled:
             self._unscaled[model] = unscaled_cost_model(self.testbed, model, self.options.cost)
@@ -65,6 +67,7 @@ class Resolver:
         if scales is None:
             scales = testbed_scales(self.testbed, model, profile)
         cost, name = scaled_cost_model(unscaled, name, scales.times(self.options.time_scale))
+        cost, name = looped_cost_model(self.testbed, cost, name)
         config = testbed_config(self.testbed, base, profile, given or {})
         spec = testbed_progress(self.testbed, model, base.trace, progress)
         return Setup(self.testbed, config, self.options, spec, cost, name, profile)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import itertools
 import json
@@ -21,6 +22,7 @@ from profiles.testbed import testbed_dict as as_dict
 from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
 from runs.config import CONTROL_MS, RunConfig
 from sangam.batcher import Microbatch
+from sangam.cost import LoopCosts
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
 from sangam.workload import TraceRow, with_arrivals
 from sim.options import SimOptions, options_on_testbed
@@ -228,6 +230,47 @@ def test_a_testbeds_time_scales_multiply_each_kind_of_iteration(tmp_path: Path) 
     raw["time_scales"] = {"llada-8b": {"decode": {"value": 0, "source": "a test"}}}
     with pytest.raises(ValueError, match="must be positive"):
         parse_testbed(raw, "slow-decodes")
+
+
+def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(tmp_path: Path) -> None:
+    raw = as_dict(load_testbed("sangam-h100"))
+    raw["name"] = "looped"
+    raw["loop"] = {
+        "report_ms": {"value": 2.0, "source": "a test"},
+        "report_token_ns": {"value": 100.0, "source": "a test"},
+        "other_ms": {"value": 30.0, "source": "a test"},
+    }
+    raw["handoff_ms"] = {"value": 40.0, "source": "a test"}
+    path = tmp_path / "looped.json"
+    path.write_text(json.dumps(raw))
+    looped = load_testbed(str(path))
+    assert looped.loop_costs() == LoopCosts(0.032, 1e-7) and looped.handoff_s == 0.04
+    assert load_testbed("sangam-h100").loop_costs().none and load_testbed("sangam-h100").handoff_s == 0.0
+
+    def run(name: str, *args: str) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:
+        out = tmp_path / name
+        assert main(["sim", "--mode", "1P1D", "--qps", "0.01", "-n", "3", "--out", str(out), *args]) == 0
+        with (out / "requests.csv").open() as f:
+            requests = {int(r["request_id"]): {k: float(v) for k, v in r.items()} for r in csv.DictReader(f)}
+        return json.loads((out / "summary.json").read_text()), requests
+
+    (plain, base), (summary, got) = run("plain"), run("looped", "--testbed", str(path))
+    assert summary["cost_model"].endswith("plus a loop of 32 ms + 100 ns per token per iteration")
+    assert summary["kv_link"]["handoff_s"] == 0.04 and plain["kv_link"]["handoff_s"] == 0.0
+    for rid, req in got.items():  # alone on the cluster: every block pays exactly its terms
+        blocks, seq = req["n_blocks"], req["seq_len"]  # a block done by its prefill moves no KV:
+        assert req["transfer"] - base[rid]["transfer"] == pytest.approx(0.040 * req["kv_transfers"])
+        assert req["prefill"] - base[rid]["prefill"] == pytest.approx(blocks * (0.032 + 1e-7 * seq))
+        decodes = req["forwards"] - blocks  # every forward but a block's prefill is a decode iteration
+        assert req["decode"] - base[rid]["decode"] == pytest.approx(decodes * (0.032 + 1e-7 * seq))
+    _, flagged = run("flagged", "--testbed", str(path), "--handoff-ms", "0")
+    assert all(flagged[rid]["transfer"] == pytest.approx(base[rid]["transfer"]) for rid in base)
+    raw["loop"] = {"report_ms": raw["loop"]["report_ms"]}
+    with pytest.raises(ValueError, match="must hold exactly report_ms, report_token_ns, other_ms"):
+        parse_testbed(raw, "looped")
+    raw["loop"], raw["handoff_ms"] = None, {"value": -1.0, "source": "a test"}
+    with pytest.raises(ValueError, match="handoff_ms: must not be negative"):
+        parse_testbed(raw, "looped")
 
 
 def test_a_run_is_resolved_on_its_testbed_once_with_explicit_flags_winning(

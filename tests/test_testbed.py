@@ -105,10 +105,11 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
     data = reference_data(tmp_path)
     h100 = load_testbed("reference-h100")
     _, name, profile = tb.testbed_cost_model(h100, "llada-8b", data=data)
+    loop = f", {h100.loop_costs().label()}"  # its worker loop, beyond the profile (calib/reference_loop.py)
     assert (
         profile is not None
         and profile.derived_from == "h200"
-        and name == "h200-reference profile, derived from h200"
+        and name == "h200-reference profile, derived from h200" + loop
     )
     ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h100"), "llada-8b")
     assert profile.coefficients == ours.coefficients  # type: ignore[attr-defined]  # same data, same derivation
@@ -165,21 +166,21 @@ def test_counts_spec_round_trips_observed_forwards() -> None:
 def test_the_reference_testbeds_price_both_models_with_its_measured_profiles() -> None:
     h100, h200 = load_testbed("reference-h100"), load_testbed("reference-h200")
     for model in ("llada-8b", "dream-7b"):
-        _, name, profile = tb.testbed_cost_model(h100, model)
+        _, name, profile = tb.unscaled_cost_model(h100, model)
         assert profile is not None and name == "h200-reference profile, derived from h200"
         assert profile.model == model and profile.meta["peer"] == "UT-InfraAI/sangam"
-        _, measured_name, measured = tb.testbed_cost_model(h200, model)
+        _, measured_name, measured = tb.unscaled_cost_model(h200, model)
         assert measured is not None and measured_name == "h200-reference profile, measured"
         assert measured.meta["peer"] == "UT-InfraAI/sangam"
     # reference-h200 prices Dream with the reference's own times, not ours: one decode at context 1819
     # took the reference 8.58 ms and us 6.18 ms on the H200 (profiles/data/h200-reference/dream-7b.csv)
     decode = Microbatch((make_request(1, 1819),), (), 0, 0, 0, 0)
     ours, _, _ = tb.testbed_cost_model(load_testbed("sangam-h200"), "dream-7b")
-    theirs, _, _ = tb.testbed_cost_model(h200, "dream-7b")
+    theirs, _, _ = tb.unscaled_cost_model(h200, "dream-7b")  # its profile, without its loop
     assert theirs.seconds(decode) == pytest.approx(8.58e-3, rel=0.1)
     assert ours.seconds(decode) == pytest.approx(6.18e-3, rel=0.1)
     stand_in = dataclasses.replace(h100, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
-    _, dream_name, dream = tb.testbed_cost_model(stand_in, "dream-7b")
+    _, dream_name, dream = tb.unscaled_cost_model(stand_in, "dream-7b")
     assert dream is not None and dream_name == "derived from h200" and dream.model == "dream-7b"
     assert load_testbed("reference-h100").profile_models == {}
     raw = as_dict(stand_in)
@@ -271,6 +272,21 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
     raw["loop"], raw["handoff_ms"] = None, {"value": -1.0, "source": "a test"}
     with pytest.raises(ValueError, match="handoff_ms: must not be negative"):
         parse_testbed(raw, "looped")
+
+
+def test_every_path_to_a_testbeds_cost_model_adds_its_loop() -> None:
+    from sim.setup import Resolver
+
+    h100 = load_testbed("reference-h100")
+    loop = h100.loop_costs()
+    assert not loop.none and h100.scales("llada-8b").identity
+    mb = Microbatch((make_request(1, 1819), make_request(2, 1500)), (make_request(3, 900),), 0, 0, 0, 0)
+    profile, _, _ = tb.unscaled_cost_model(h100, "llada-8b")
+    want = profile.seconds(mb) + loop.iteration_s + loop.token_s * (1819 + 1500 + 900)
+    sweep, name, _ = tb.testbed_cost_model(h100, "llada-8b")  # sangam sweep, reproduce, validate, the explorer
+    run = Resolver(h100).resolve(RunConfig(mode="1C", gpu="h100"))  # sangam sim, fit
+    assert sweep.seconds(mb) == pytest.approx(want) and run.cost.seconds(mb) == pytest.approx(want)
+    assert name == run.cost_name and name.endswith(loop.label())
 
 
 def test_a_run_is_resolved_on_its_testbed_once_with_explicit_flags_winning(

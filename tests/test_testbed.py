@@ -283,7 +283,7 @@ def test_every_path_to_a_testbeds_cost_model_adds_its_loop() -> None:
     mb = Microbatch((make_request(1, 1819), make_request(2, 1500)), (make_request(3, 900),), 0, 0, 0, 0)
     profile, _, _ = tb.unscaled_cost_model(h100, "llada-8b")
     want = profile.seconds(mb) + loop.iteration_s + loop.token_s * (1819 + 1500 + 900)
-    sweep, name, _ = tb.testbed_cost_model(h100, "llada-8b")  # sangam sweep, reproduce, validate, the explorer
+    sweep, name, _ = tb.testbed_cost_model(h100, "llada-8b")  # sweep, reproduce, validate, the explorer
     run = Resolver(h100).resolve(RunConfig(mode="1C", gpu="h100"))  # sangam sim, fit
     assert sweep.seconds(mb) == pytest.approx(want) and run.cost.seconds(mb) == pytest.approx(want)
     assert name == run.cost_name and name.endswith(loop.label())

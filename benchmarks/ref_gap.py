@@ -18,68 +18,12 @@ queueing are out of the difference.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from calib.reference_loop import Served, alone, our_requests, reference_requests
 
-@dataclass(frozen=True)
-class Served:
-    """One request's time on one server: arrival and completion (s, the server's clock) and its blocks."""
-
-    arrival: float
-    end: float
-    blocks: int
-
-    @property
-    def e2e(self) -> float:
-        return self.end - self.arrival
-
-
-def reference_requests(path: Path) -> tuple[dict[int, Served], int]:
-    """The completed requests of a replay-client JSON by trace id, and its forwards per block."""
-    data = json.loads(path.read_text())
-    per_block = int(data["forwards_per_block"])
-    served = {
-        int(r["id"]): Served(r["server_arrival"], r["server_complete"], int(r["forwards"]) // per_block)
-        for r in data["rows"]
-        if r.get("status") == "COMPLETED"
-    }
-    return served, per_block
-
-
-def our_requests(path: Path) -> dict[int, Served]:
-    """The requests of a `requests.csv` (sim or live) or of a live `blocks.csv` (first block ready to last
-    block end) by request id."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and "e2el" in rows[0]:
-        return {
-            int(r["request_id"]): Served(float(r["arrival"]), float(r["end"]), int(r["n_blocks"]))
-            for r in rows
-        }
-    blocks: dict[int, list[dict[str, str]]] = {}
-    for r in rows:
-        blocks.setdefault(int(r["request_id"]), []).append(r)
-    return {
-        rid: Served(
-            min(float(b["ready"]) for b in bs),
-            max(float(b["end"]) for b in bs),
-            len({b["block"] for b in bs}),
-        )
-        for rid, bs in blocks.items()
-    }
-
-
-def alone(served: dict[int, Served]) -> set[int]:
-    """The requests no other request overlapped between their arrival and completion."""
-    return {
-        rid
-        for rid, s in served.items()
-        if all(o.end <= s.arrival or o.arrival >= s.end for other, o in served.items() if other != rid)
-    }
+__all__ = ["Served", "alone", "gap_rows", "main"]
 
 
 LIVE = ("reference", "ours")

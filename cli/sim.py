@@ -17,6 +17,7 @@ MANY_REQUESTS = 20_000  # a point of this many requests takes about 10 s: worth 
 TESTBED_DEFAULTS: dict[str, Any] = {
     "gpu": None,
     "control_ms": None,
+    "handoff_ms": None,
     "link_gbps": None,
     "link_latency_ms": None,
 }
@@ -34,7 +35,7 @@ def add_parser(commands: Any, name: str) -> None:
     )  # fmt: skip
     add_options(parser, RunFiles, default_text={"progress": "the testbed's per model and trace"})
     group = parser.add_argument_group("testbed")
-    testbeds = {name: "the testbed's" for name in ("control_ms", "link_gbps", "link_latency_ms")}
+    testbeds = {name: "the testbed's" for name in TESTBED_DEFAULTS if name != "gpu"}
     add_options(group, SimOptions, defaults=TESTBED_DEFAULTS, default_text=testbeds)
 
 

@@ -40,7 +40,7 @@ def add_grid(parser: argparse.ArgumentParser) -> None:
     add_options(parser, RunConfig, only=FIXED, defaults={"gpu": None}, default_text={"gpu": "the testbed's"})
     per_pair = {"progress": "the testbed's per model and trace"}
     add_options(parser, RunFiles, only=("progress",), default_text=per_pair)
-    testbeds = {name: "the testbed's" for name in ("control_ms", "link_gbps", "link_latency_ms")}
+    testbeds = {name: "the testbed's" for name in TESTBED_DEFAULTS if name != "gpu"}
     add_options(
         parser.add_argument_group("testbed"), SimOptions, defaults=TESTBED_DEFAULTS, default_text=testbeds
     )

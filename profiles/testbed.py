@@ -4,8 +4,9 @@ A testbed (docs/design.md section 7) fixes the GPU, the iteration-time profile o
 directory of measured data under `profiles/data/`, derived to the testbed's GPU when measured on
 another), the KV pages per worker, the forwards-per-block model per (model, trace), the KV link, the
 control plane's delay and the arrival process, and optionally a scale of iteration time per kind of each
-model's profile (`sangam.cost.TimeScales`, as `sangam fit --scales` fits them). Files are loaded by
-`profiles.testbeds`; this module only checks their content.
+model's profile (`sangam.cost.TimeScales`, as `sangam fit --scales` fits them), what the executor's
+worker loop costs beyond its profile (`sangam.cost.LoopCosts`) and the control plane's handoff before
+each KV transfer. Files are loaded by `profiles.testbeds`; this module only checks their content.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sangam.cost import IterationKind, TimeScales
+from sangam.cost import IterationKind, LoopCosts, TimeScales
 from sangam.hardware import lookup_gpu, lookup_model
 from sangam.progress import parse_progress
 from sangam.workload import MASK_LEN, check_arrival_clip
@@ -73,6 +74,23 @@ class PagesEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopEntry:
+    """What the executor's worker loop costs per iteration beyond the GPU call its profile times
+    (`LoopCosts`): its report (`report_ms` plus `report_token_ns` per token of every item's sequence) and
+    the rest (`other_ms`)."""
+
+    report_ms: Sourced
+    report_token_ns: Sourced
+    other_ms: Sourced
+
+    def costs(self) -> LoopCosts:
+        return LoopCosts((self.report_ms.value + self.other_ms.value) / 1e3, self.report_token_ns.value / 1e9)
+
+
+LOOP_TERMS = ("report_ms", "report_token_ns", "other_ms")
+
+
+@dataclass(frozen=True, slots=True)
 class Testbed:
     """A named, versioned bundle of simulator inputs (see the module docstring)."""
 
@@ -91,6 +109,8 @@ class Testbed:
     profile_models: Mapping[str, ProfileEntry] = field(default_factory=dict)  # a model's other data
     # model -> iteration kind -> the scale of its profile's time of that kind (a kind not listed: 1)
     time_scales: Mapping[str, Mapping[IterationKind, Sourced]] = field(default_factory=dict)
+    loop: LoopEntry | None = None  # None: the profile prices the whole iteration
+    handoff_ms: Sourced | None = None  # added to every KV transfer (None: none)
 
     def profile_dir(self, model: str) -> str:
         """The directory under profiles/data of `model`'s measured iteration times."""
@@ -111,6 +131,13 @@ class Testbed:
         """The scales of `model`'s iteration times per kind on this testbed (1 where none is given)."""
         given = self.time_scales.get(model, {})
         return TimeScales(**{kind.value: entry.value for kind, entry in given.items()})
+
+    def loop_costs(self) -> LoopCosts:
+        return self.loop.costs() if self.loop is not None else LoopCosts()
+
+    @property
+    def handoff_s(self) -> float:
+        return self.handoff_ms.value / 1e3 if self.handoff_ms is not None else 0.0
 
 
 def _text(data: Mapping[str, Any], key: str, where: str) -> str:
@@ -182,6 +209,23 @@ def _time_scales(data: Any, where: str) -> dict[str, dict[IterationKind, Sourced
     return out
 
 
+def _non_negative(data: Any, where: str) -> Sourced:
+    value = _sourced(data, where)
+    if value.value < 0:
+        raise ValueError(f"{where}: must not be negative")
+    return value
+
+
+def _loop(data: Any, where: str) -> LoopEntry | None:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or set(data) != set(LOOP_TERMS):
+        raise ValueError(
+            f"{where}: must hold exactly {', '.join(LOOP_TERMS)}, each with 'value' and 'source'"
+        )
+    return LoopEntry(*(_non_negative(data[term], f"{where}.{term}") for term in LOOP_TERMS))
+
+
 def parse_testbed(data: Any, name: str) -> Testbed:
     """A testbed from the JSON object of its file named `name`; ValueError (one line) if it is not one."""
     if not isinstance(data, Mapping):
@@ -228,6 +272,7 @@ def parse_testbed(data: Any, name: str) -> Testbed:
         if not isinstance(entry, Mapping):
             raise ValueError(f"{at}: must be an object with 'data' and 'source'")
         overrides[model] = ProfileEntry(_text(entry, "data", at), _text(entry, "source", at))
+    handoff = data.get("handoff_ms")
     return Testbed(
         name=name,
         version=version,
@@ -243,6 +288,8 @@ def parse_testbed(data: Any, name: str) -> Testbed:
         fit=fit if isinstance(fit, Mapping) else None,
         profile_models=overrides,
         time_scales=_time_scales(data.get("time_scales", {}), f"{where}.time_scales"),
+        loop=_loop(data.get("loop"), f"{where}.loop"),
+        handoff_ms=None if handoff is None else _non_negative(handoff, f"{where}.handoff_ms"),
     )
 
 
@@ -277,6 +324,14 @@ def testbed_dict(testbed: Testbed) -> dict[str, Any]:
             model: {kind.value: {"value": e.value, "source": e.source} for kind, e in scales.items()}
             for model, scales in testbed.time_scales.items()
         }
+    if testbed.loop is not None:
+        out["loop"] = {term: _sourced_dict(getattr(testbed.loop, term)) for term in LOOP_TERMS}
+    if testbed.handoff_ms is not None:
+        out["handoff_ms"] = _sourced_dict(testbed.handoff_ms)
     if testbed.fit is not None:
         out["fit"] = dict(testbed.fit)
     return out
+
+
+def _sourced_dict(entry: Sourced) -> dict[str, Any]:
+    return {"value": entry.value, "source": entry.source}

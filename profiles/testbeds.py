@@ -1,8 +1,9 @@
 """The shipped testbeds (`profiles/data/testbeds/<name>.json`) and what a run takes from one.
 
 `sangam sim --testbed NAME` (also `sangam validate`, `sangam fit`, `sangam reproduce` and the explorer)
-models the testbed's GPU with its profiles (each scaled per iteration kind where the testbed says so), KV
-pages, forwards per block, KV link, control-plane delay and arrival process; a flag given explicitly
+models the testbed's GPU with its profiles (each scaled per iteration kind where the testbed says so, plus
+its worker loop's costs), KV pages, forwards per block, KV link (and handoff), control-plane delay and
+arrival process; a flag given explicitly
 overrides the testbed's value. Without `--testbed` a run models `sangam-<gpu>` (`sangam-h100` by
 default), whose values are the simulator's documented defaults.
 """
@@ -19,7 +20,7 @@ from profiles.analytic import AnalyticCostModel
 from profiles.store import DATA, Profile, load_profile_dir
 from profiles.testbed import Testbed, parse_testbed, testbed_dict
 from runs.config import RunConfig
-from sangam.cost import CostModel, TimeScales, scaled
+from sangam.cost import CostModel, TimeScales, looped, scaled
 from sangam.hardware import lookup_gpu, lookup_model
 
 TESTBEDS = DATA / "testbeds"
@@ -129,6 +130,12 @@ def unscaled_cost_model(
 def scaled_cost_model(cost: CostModel, name: str, scales: TimeScales) -> tuple[CostModel, str]:
     """`cost` times `scales`, and its name saying so (`measured, times 1.2`)."""
     return scaled(cost, scales), name if scales.identity else f"{name}, {scales.label()}"
+
+
+def looped_cost_model(testbed: Testbed, cost: CostModel, name: str) -> tuple[CostModel, str]:
+    """`cost` plus what the testbed's worker loop adds to every iteration, and its name saying so."""
+    loop = testbed.loop_costs()
+    return looped(cost, loop), name if loop.none else f"{name}, {loop.label()}"
 
 
 def testbed_config(

@@ -78,3 +78,50 @@ class ScaledCostModel:
 def scaled(cost: CostModel, scales: TimeScales) -> CostModel:
     """`cost` with `scales` applied (`cost` itself where every scale is 1)."""
     return cost if scales.identity else ScaledCostModel(cost, scales)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCosts:
+    """Time a worker's loop spends on each iteration beyond the GPU call its profile prices (an executor's
+    host-side structure, e.g. the reference implementation's: docs/calibration.md): `iteration_s` per
+    iteration plus `token_s` per token of every item's sequence (a report that carries each request's
+    full sequence, sent before the next iteration starts)."""
+
+    iteration_s: float = 0.0
+    token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.iteration_s, self.token_s) < 0:
+            raise ValueError(f"loop costs must not be negative, got {self}")
+
+    @property
+    def none(self) -> bool:
+        return self.iteration_s == self.token_s == 0.0
+
+    def seconds(self, mb: Microbatch) -> float:
+        tokens = 0
+        for req in mb.decodes:
+            tokens += req.seq_len
+        for req in mb.prefills:
+            tokens += req.seq_len
+        return self.iteration_s + self.token_s * tokens
+
+    def label(self) -> str:
+        ms, ns = self.iteration_s * 1e3, self.token_s * 1e9
+        return f"plus a loop of {ms:.3g} ms + {ns:.3g} ns per token per iteration"
+
+
+@dataclass(frozen=True, slots=True)
+class LoopedCostModel:
+    """`base`'s time of every iteration plus what the worker's loop adds to it."""
+
+    base: CostModel
+    loop: LoopCosts
+
+    def seconds(self, mb: Microbatch) -> float:
+        return self.base.seconds(mb) + self.loop.seconds(mb)
+
+
+def looped(cost: CostModel, loop: LoopCosts) -> CostModel:
+    """`cost` with the loop's costs added (`cost` itself where the loop adds nothing)."""
+    return cost if loop.none else LoopedCostModel(cost, loop)

@@ -45,17 +45,19 @@ from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transf
 
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
-    """A pairwise GPU link: transfer time = bytes / bandwidth + latency."""
+    """A pairwise GPU link: transfer time = handoff + bytes / bandwidth + latency, where the handoff is the
+    control plane's part (from a prefill's end to its KV send's start: a testbed's `handoff_ms`)."""
 
     gb_per_s: float = 100.0  # ASSUMPTION until the live NCCL transfer is measured
     latency_s: float = 0.001
+    handoff_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.gb_per_s > 0 or self.latency_s < 0:
-            raise ValueError(f"a link needs positive bandwidth and non-negative latency, got {self}")
+        if not self.gb_per_s > 0 or self.latency_s < 0 or self.handoff_s < 0:
+            raise ValueError(f"a link needs positive bandwidth, non-negative latency and handoff, got {self}")
 
     def seconds(self, nbytes: int) -> float:
-        return nbytes / (self.gb_per_s * 1e9) + self.latency_s
+        return self.handoff_s + nbytes / (self.gb_per_s * 1e9) + self.latency_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
-"""The simulator's own options: the testbed inputs a run cannot observe (KV link, control delay, costs)."""
+"""The simulator's own options: the testbed inputs a run cannot observe (KV link and handoff, control delay,
+costs)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,10 @@ class SimOptions:
         CONTROL_MS, "control-plane delay on every dispatch, ms (as measured live on an H200)",
         parse=non_negative_float,
     )  # fmt: skip
+    handoff_ms: float = option(
+        0.0, "control-plane handoff added to every KV transfer (from a prefill's end to its KV send), ms",
+        parse=non_negative_float,
+    )  # fmt: skip
     cost: str = option(
         "profile", "iteration times: the measured (or derived) profile of --model on --gpu, or analytic",
         choices=("profile", "analytic"),
@@ -63,17 +69,21 @@ class SimOptions:
         return parse_failures(self.fail) if self.fail else []
 
     def link_spec(self) -> LinkSpec:
-        return load_link(self.link) if self.link else LinkSpec(self.link_gbps, self.link_latency_ms / 1000)
+        link = load_link(self.link) if self.link else LinkSpec(self.link_gbps, self.link_latency_ms / 1000)
+        return dataclasses.replace(link, handoff_s=self.handoff_ms / 1000) if self.handoff_ms else link
 
     def kv_link(self) -> dict[str, Any]:
         """What summary.json records of the link."""
         link = self.link_spec()
-        return {"source": self.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s}
+        return {
+            "source": self.link or "assumed", "gb_per_s": link.gb_per_s, "latency_s": link.latency_s,
+            "handoff_s": link.handoff_s,
+        }  # fmt: skip
 
 
 def options_on_testbed(testbed: Testbed, given: Mapping[str, Any]) -> SimOptions:
-    """The simulator's options on the testbed: its link and control delay unless `given` (the SimOptions
-    flags given explicitly; None: absent) names a link or a delay of its own."""
+    """The simulator's options on the testbed: its link, handoff and control delay unless `given` (the
+    SimOptions flags given explicitly; None: absent) names a link, handoff or delay of its own."""
     values = {name: value for name, value in given.items() if value is not None}
     if not any(name in values for name in LINK_FIELDS):
         link = testbed.link
@@ -82,5 +92,6 @@ def options_on_testbed(testbed: Testbed, given: Mapping[str, Any]) -> SimOptions
         else:
             values.update(link_gbps=link.gb_per_s, link_latency_ms=link.latency_ms)
     values.setdefault("control_ms", testbed.control_ms.value)
+    values.setdefault("handoff_ms", testbed.handoff_s * 1000)
     values["testbed"] = testbed.name
     return SimOptions(**values)

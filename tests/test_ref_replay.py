@@ -298,3 +298,44 @@ def test_peer_profile_builds_the_references_dream(reference: Path, tmp_path: Pat
     assert "DRY RUN OK" in printed
     assert "'model_class': 'DreamModel'" in printed and "'num_kv_heads': 1" in printed
     assert "94 shapes planned" in printed
+
+
+def _scheduler_deps(src: Path) -> list[str]:
+    """What the reference's scheduler imports beyond our environment (its metrics store: seaborn,
+    ddsketch), from SANGAM_REFERENCE_DEPS; skips where they are not importable."""
+    extra = [p for p in os.environ.get("SANGAM_REFERENCE_DEPS", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *extra])}
+    probe = subprocess.run([sys.executable, "-c", "import seaborn, ddsketch"], env=env, capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("the reference's scheduler needs seaborn and ddsketch (set SANGAM_REFERENCE_DEPS)")
+    return extra
+
+
+def test_sched_loop_runs_the_references_scheduler_with_fake_workers(reference: Path, tmp_path: Path) -> None:
+    """1P1D, 6 requests: every block's prefill, trigger, transfer and decode went through its real scheduler
+    in order, and the summary counts them."""
+    from benchmarks.ref_loop_plan import main as plan_main
+
+    extra = _scheduler_deps(reference)
+    plan = tmp_path / "plan.json"
+    assert plan_main(["--qps", "2", "-n", "6", "--out", str(plan)]) == 0
+    requests = json.loads(plan.read_text())["requests"]
+    out = tmp_path / "run"
+    args = [str(REFPEER / "sched_loop.py"), "--plan", str(plan), "--layout", "1P1D", "--out", str(out),
+            "--port", "53151"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(reference), *extra])}
+    done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    moved = sum(1 for r in requests for d in r["steps"] if d > 1)  # a block done by its prefill moves no KV
+    blocks = summary["per_block_ms"]
+    assert summary["completed"] == len(requests)
+    assert blocks["prefill_end_to_kv_send"]["n"] == blocks["prefill_end_to_decode_admitted"]["n"] == moved
+    assert blocks["block_end_to_next_prefill_enqueued"]["n"] == sum(
+        len(r["steps"]) - 1 for r in requests
+    ) - sum(1 for r in requests for d in r["steps"][:-1] if d == 1)
+    assert (
+        0 < blocks["prefill_end_to_kv_send"]["median"] <= blocks["prefill_end_to_decode_admitted"]["median"]
+    )
+    assert 0 < summary["event_loop_cpu_busy_fraction"] <= summary["event_loop_busy_fraction"] < 1

@@ -21,6 +21,7 @@ from runs.config import RunConfig, synthetic_rows
 from runs.results import ITERATION_COLUMNS
 from sangam.batcher import Batcher, Microbatch
 from sangam.budget import BatchConfig, Policy
+from sangam.cost import LoopCosts, LoopedCostModel
 from sangam.faults import Failure
 from sangam.layout import Role, parse_mode
 from sangam.request import Request
@@ -180,6 +181,40 @@ def test_fastdllm_on_one_worker_is_an_mg1_fifo_queue() -> None:
     assert 0.4 < lam * mean_s < 0.6  # loaded enough for waits to matter, far enough from saturation
     pk = lam * mean_s2 / (2 * (1 - lam * mean_s))
     assert sum(waits) / n == pytest.approx(pk, abs=4 * batch_means_se(waits))
+
+
+def test_a_loop_cost_holds_the_worker_per_iteration_and_per_token() -> None:
+    # the reference's worker loop: its report and the rest of its loop (0.25 s, plus 1/1024 s per token of
+    # each item's sequence) come after the GPU call (1 s) and before the next iteration
+    a = make_request(1, 128, arrival=0.0, steps=(3,))
+    b = make_request(2, 256, arrival=0.2, steps=(1,))
+    cost = LoopedCostModel(LinearCost(1.0), LoopCosts(0.25, 1 / 1024))
+    cluster = run_cluster([a, b], cost=cost)
+    got = [(r["start"], r["end"], r["n_decodes"], r["n_prefills"]) for r in rows(cluster)]
+    # a's prefill: 1 + 0.25 + 128/1024; a's decode beside b's prefill: + 384/1024; a's last decode alone
+    assert got == [(0.0, 1.375, 0, 1), (1.375, 3.0, 1, 1), (3.0, 4.375, 1, 0)]
+    assert b.blocks[0].prefill_start == 1.375  # b arrived at 0.2 and waited out a's whole loop
+
+
+def test_the_handoff_is_part_of_every_transfer_and_the_prefill_worker_goes_on_meanwhile() -> None:
+    # as the reference's: its prefill worker's loop hands the send to a thread of its own, so its next
+    # prefill starts while the scheduler's trigger and the send of the last one are still under way
+    a = make_request(1, 1000, arrival=0.0, steps=(2,))
+    b = make_request(2, 1000, arrival=0.0, steps=(2,))
+    cost = LoopedCostModel(LinearCost(1.0), LoopCosts(0.5))
+    run_cluster([a, b], "1P1D", cost=cost, prefill_budget=1024, link=LinkSpec(1e12, 0.25, handoff_s=2.0))
+    ra, rb = a.blocks[0], b.blocks[0]
+    assert (ra.prefill_start, ra.prefill_end, rb.prefill_start, rb.prefill_end) == (0.0, 1.5, 1.5, 3.0)
+    assert ra.transfer_start == 1.5 and ra.transfer_end == pytest.approx(1.5 + 2.0 + 0.25)
+    assert rb.transfer_start == pytest.approx(3.75)  # the link carries a's transfer, handoff included, first
+    assert rb.transfer_end == pytest.approx(3.75 + 2.25) and ra.decode_start == ra.transfer_end
+
+
+def test_a_negative_loop_cost_or_handoff_is_refused() -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        LoopCosts(token_s=-0.1)
+    with pytest.raises(ValueError, match="non-negative latency and handoff"):
+        LinkSpec(100.0, 0.001, -0.5)
 
 
 def test_a_negative_control_delay_is_refused() -> None:

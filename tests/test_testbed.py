@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import itertools
 import json
@@ -21,6 +22,7 @@ from profiles.testbed import testbed_dict as as_dict
 from profiles.testbeds import choose_testbed, known_testbeds, load_testbed, write_testbed
 from runs.config import CONTROL_MS, RunConfig
 from sangam.batcher import Microbatch
+from sangam.cost import LoopCosts
 from sangam.progress import DEFAULT_PROGRESS, counts_spec, parse_progress
 from sangam.workload import TraceRow, with_arrivals
 from sim.options import SimOptions, options_on_testbed
@@ -103,11 +105,13 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
 ) -> None:
     data = reference_data(tmp_path)
     h100 = load_testbed("reference-h100")
-    _, name, profile = tb.unscaled_cost_model(h100, "llada-8b", data=data)
+    cost, name, profile = tb.unscaled_cost_model(h100, "llada-8b", data=data)
+    loop = f", {h100.loop_costs().label()}"  # its worker loop, beyond the profile (calib/reference_loop.py)
+    _, name = tb.looped_cost_model(h100, cost, name)
     assert (
         profile is not None
         and profile.derived_from == "h200"
-        and name == "h200-reference profile, derived from h200"
+        and name == "h200-reference profile, derived from h200" + loop
     )
     ours, _, _ = Resolver(load_testbed("sangam-h100")).priced("llada-8b")
     assert profile.coefficients == ours.coefficients  # type: ignore[attr-defined]  # same data, same derivation
@@ -164,21 +168,21 @@ def test_counts_spec_round_trips_observed_forwards() -> None:
 def test_the_reference_testbeds_price_both_models_with_its_measured_profiles() -> None:
     h100, h200 = Resolver(load_testbed("reference-h100")), Resolver(load_testbed("reference-h200"))
     for model in ("llada-8b", "dream-7b"):
-        _, name, profile = h100.priced(model)
+        _, name, profile = tb.unscaled_cost_model(h100.testbed, model)
         assert profile is not None and name == "h200-reference profile, derived from h200"
         assert profile.model == model and profile.meta["peer"] == "UT-InfraAI/sangam"
-        _, measured_name, measured = h200.priced(model)
+        _, measured_name, measured = tb.unscaled_cost_model(h200.testbed, model)
         assert measured is not None and measured_name == "h200-reference profile, measured"
         assert measured.meta["peer"] == "UT-InfraAI/sangam"
     # reference-h200 prices Dream with the reference's own times, not ours: one decode at context 1819
     # took the reference 8.58 ms and us 6.18 ms on the H200 (profiles/data/h200-reference/dream-7b.csv)
     decode = Microbatch((make_request(1, 1819),), (), 0, 0, 0, 0)
     ours, _, _ = Resolver(load_testbed("sangam-h200")).priced("dream-7b")
-    theirs, _, _ = h200.priced("dream-7b")
+    theirs, _, _ = tb.unscaled_cost_model(h200.testbed, "dream-7b")  # its profile, without its loop
     assert theirs.seconds(decode) == pytest.approx(8.58e-3, rel=0.1)
     assert ours.seconds(decode) == pytest.approx(6.18e-3, rel=0.1)
     stand_in = dataclasses.replace(h100.testbed, profile_models={"dream-7b": ProfileEntry("h200", "a test")})
-    _, dream_name, dream = Resolver(stand_in).priced("dream-7b")
+    _, dream_name, dream = tb.unscaled_cost_model(stand_in, "dream-7b")
     assert dream is not None and dream_name == "derived from h200" and dream.model == "dream-7b"
     assert load_testbed("reference-h100").profile_models == {}
     raw = as_dict(stand_in)
@@ -229,6 +233,62 @@ def test_a_testbeds_time_scales_multiply_each_kind_of_iteration(tmp_path: Path) 
     raw["time_scales"] = {"llada-8b": {"decode": {"value": 0, "source": "a test"}}}
     with pytest.raises(ValueError, match="must be positive"):
         parse_testbed(raw, "slow-decodes")
+
+
+def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(tmp_path: Path) -> None:
+    raw = as_dict(load_testbed("sangam-h100"))
+    raw["name"] = "looped"
+    raw["loop"] = {
+        "report_ms": {"value": 2.0, "source": "a test"},
+        "report_token_ns": {"value": 100.0, "source": "a test"},
+        "other_ms": {"value": 30.0, "source": "a test"},
+    }
+    raw["handoff_ms"] = {"value": 40.0, "source": "a test"}
+    path = tmp_path / "looped.json"
+    path.write_text(json.dumps(raw))
+    looped = load_testbed(str(path))
+    assert looped.loop_costs() == LoopCosts(0.032, 1e-7) and looped.handoff_s == 0.04
+    assert load_testbed("sangam-h100").loop_costs().none and load_testbed("sangam-h100").handoff_s == 0.0
+
+    def run(name: str, *args: str) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:
+        out = tmp_path / name
+        assert main(["sim", "--mode", "1P1D", "--qps", "0.01", "-n", "3", "--out", str(out), *args]) == 0
+        with (out / "requests.csv").open() as f:
+            requests = {int(r["request_id"]): {k: float(v) for k, v in r.items()} for r in csv.DictReader(f)}
+        return json.loads((out / "summary.json").read_text()), requests
+
+    (plain, base), (summary, got) = run("plain"), run("looped", "--testbed", str(path))
+    assert summary["cost_model"].endswith("plus a loop of 32 ms + 100 ns per token per iteration")
+    assert summary["kv_link"]["handoff_s"] == 0.04 and plain["kv_link"]["handoff_s"] == 0.0
+    for rid, req in got.items():  # alone on the cluster: every block pays exactly its terms
+        blocks, seq = req["n_blocks"], req["seq_len"]  # a block done by its prefill moves no KV:
+        assert req["transfer"] - base[rid]["transfer"] == pytest.approx(0.040 * req["kv_transfers"])
+        assert req["prefill"] - base[rid]["prefill"] == pytest.approx(blocks * (0.032 + 1e-7 * seq))
+        decodes = req["forwards"] - blocks  # every forward but a block's prefill is a decode iteration
+        assert req["decode"] - base[rid]["decode"] == pytest.approx(decodes * (0.032 + 1e-7 * seq))
+    _, flagged = run("flagged", "--testbed", str(path), "--handoff-ms", "0")
+    assert all(flagged[rid]["transfer"] == pytest.approx(base[rid]["transfer"]) for rid in base)
+    raw["loop"] = {"report_ms": raw["loop"]["report_ms"]}
+    with pytest.raises(ValueError, match="must hold exactly report_ms, report_token_ns, other_ms"):
+        parse_testbed(raw, "looped")
+    raw["loop"], raw["handoff_ms"] = None, {"value": -1.0, "source": "a test"}
+    with pytest.raises(ValueError, match="handoff_ms: must not be negative"):
+        parse_testbed(raw, "looped")
+
+
+def test_every_path_to_a_testbeds_cost_model_adds_its_loop() -> None:
+    from sim.setup import Resolver
+
+    h100 = load_testbed("reference-h100")
+    loop = h100.loop_costs()
+    assert not loop.none and h100.scales("llada-8b").identity
+    mb = Microbatch((make_request(1, 1819), make_request(2, 1500)), (make_request(3, 900),), 0, 0, 0, 0)
+    profile, _, _ = tb.unscaled_cost_model(h100, "llada-8b")
+    want = profile.seconds(mb) + loop.iteration_s + loop.token_s * (1819 + 1500 + 900)
+    sweep, name, _ = Resolver(h100).priced("llada-8b")  # sweep, reproduce, validate, the explorer
+    run = Resolver(h100).resolve(RunConfig(mode="1C", gpu="h100"))  # sangam sim, fit
+    assert sweep.seconds(mb) == pytest.approx(want) and run.cost.seconds(mb) == pytest.approx(want)
+    assert name == run.cost_name and name.endswith(loop.label())
 
 
 def test_a_run_is_resolved_on_its_testbed_once_with_explicit_flags_winning(

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 from serve_helpers import LIMITS, TOKENIZER, FakeBackend, app_server
 
+from sangam.hardware import BLOCK
 from serve import app as serve_app
 from serve.app import MAX_MESSAGES, MAX_PARTS, MAX_STOP_CHARS, MAX_STOPS, Output
 from serve.options import ServeOptions
@@ -26,7 +27,8 @@ from serve.tokenizer import Message
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
-TEXT_BOUND = 2 * TOKENIZER.longest_token * (LIMITS.context_len - LIMITS.mask_len)  # serve.app.text_bound
+# serve.app.text_bound of the longest prompt: one beside the smallest response region, one block
+TEXT_BOUND = 2 * TOKENIZER.longest_token * (LIMITS.context_len - BLOCK)
 BODY_BOUND = 6 * TEXT_BOUND + (1 << 20)
 
 

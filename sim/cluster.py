@@ -273,6 +273,7 @@ class Cluster:
         self.restart_after_s = restart_after_s
         self.restarts = Restarts()  # the live launcher's policy, with its defaults
         self.gave_up: dict[int, str] = {}  # workers given up, and why
+        self.worker_events: list[tuple[float, str, int]] = []  # (time, "lost" or "joined", worker)
         self._started = [0.0] * n  # when each worker's current process started
         self._restarts = 0  # restarts scheduled and not yet done
         self._controlled: dict[int, Dispatch] = {}  # request id -> its dispatch in the control delay
@@ -338,6 +339,7 @@ class Cluster:
         if not lost.alive:
             return
         lost.kill()
+        self.worker_events.append((self.env.now, "lost", worker))
         self._controlled = {rid: d for rid, d in self._controlled.items() if d.worker != worker}
         self._apply(self.router.on_worker_lost(self.env.now, worker))
         if self.restart_after_s is not None:
@@ -363,6 +365,7 @@ class Cluster:
         self.workers[worker] = SimWorker(
             self, worker, self._batcher(worker, self.config.layout.roles[worker])
         )
+        self.worker_events.append((self.env.now, "joined", worker))
         self._apply(self.router.on_worker_joined(self.env.now, worker))
 
     def log_iterations(self, worker: int, start: float, step: float, iterations: list[Microbatch]) -> None:

@@ -278,26 +278,10 @@ def test_with_a_restart_coming_arrivals_wait_for_it() -> None:
     assert (b.blocks[0].prefill_start, b.blocks[0].end) == (12.5, 14.5)
 
 
-class WatchedRouter(Router):
-    """A router that logs every loss and return of a worker as (time, what, worker)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.events: list[tuple[float, str, int]] = []
-
-    def on_worker_lost(self, now: float, worker: int) -> list[Any]:
-        self.events.append((now, "lost", worker))
-        return super().on_worker_lost(now, worker)
-
-    def on_worker_joined(self, now: float, worker: int) -> list[Any]:
-        self.events.append((now, "joined", worker))
-        return super().on_worker_joined(now, worker)
-
-
 def watched_cluster(mode: str, requests: list[Request], failures: str, startup_s: float) -> Cluster:
     layout = parse_mode(mode)
     config = ClusterConfig(layout, BatchConfig(), BatchConfig(), 8192, 10_000, 1, LinkSpec(), 0.0)
-    router = WatchedRouter(layout, 10_000, random.Random(0), 8192)
+    router = Router(layout, 10_000, random.Random(0), 8192)
     cluster = Cluster(
         config, LinearCost(), router, None, failures=parse_failures(failures), restart_after_s=startup_s
     )
@@ -306,8 +290,7 @@ def watched_cluster(mode: str, requests: list[Request], failures: str, startup_s
 
 
 def losses_and_returns(cluster: Cluster) -> list[tuple[float, str, int]]:
-    assert isinstance(cluster.router, WatchedRouter)
-    return cluster.router.events
+    return cluster.worker_events
 
 
 def test_the_simulator_restarts_a_lost_worker_with_the_live_back_off_and_gives_it_up_at_the_bound() -> None:

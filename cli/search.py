@@ -46,7 +46,7 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.bars import bar
     from sim.engines import EngineOptions, runner
-    from sim.search import SearchOptions, search
+    from sim.search import SearchOptions, granularity, search
     from sim.sweep import Cache, Counts, GridOptions
 
     if args.slo is None:
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--trace {point.config.trace}: search needs a synthetic trace (sharegpt, arxiv)"
             )
+    options = dataclasses.replace(options, granularity=granularity(options, configs))
     counts = Counts()
     with closing(runner(collect(EngineOptions, args))) as engine, bar("search", "points") as watch:
         answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),

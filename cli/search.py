@@ -109,13 +109,13 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from sim.search import legend
+
     slo = ", ".join(s.text for s in options.slo)
     first = rows[0]
     scale = f", times {first['time_scale']:g}" if first["time_scale"] != 1.0 else ""
     title = f"sangam search: max QPS under {slo} on testbed {first['testbed']}{scale}"
-    caption = (
-        "+-: how far above the capacity max QPS can be; probes: + met the SLO, - missed it, ^ backlog grew"
-    )
+    caption = f"+-: how far above the capacity max QPS can be; probes: {legend()}"
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "+-", "probes"):
         table.add_column(header, justify="left" if header.startswith("probes") else "right")

@@ -38,6 +38,7 @@ from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
 OTHER = ("overflow_rate", "kv_transferred_gb")  # summary keys without a time unit
+MARKS = {"+": "met every SLO and kept up", "-": "missed an SLO", "^": "did not keep up: its backlog grew"}
 _SLO = re.compile(r"\s*([a-z0-9_]+)\s*(?:<=|=)\s*([-+0-9.eE]+)\s*")
 
 
@@ -170,12 +171,17 @@ class Answer:
                 return test
         return None
 
+    def probe_marks(self) -> tuple[str, ...]:
+        """Each probe's mark (`MARKS`), in order."""
+        return tuple(
+            "+" if ok else "^" if test is not None and not test.kept_up else "-"
+            for (_, ok, _), test in zip(self.probes, self._tests(), strict=True)
+        )
+
     def marks(self) -> str:
-        """The probes in order: `8+` met the SLO and kept up, `12^` did not keep up (its backlog grew),
-        `16-` missed the SLO."""
+        """The probes in order, each rate with its mark: `8+ 16^ 12-`."""
         return " ".join(
-            f"{qps:g}{'+' if ok else '^' if test is not None and not test.kept_up else '-'}"
-            for (qps, ok, _), test in zip(self.probes, self._tests(), strict=True)
+            f"{qps:g}{mark}" for (qps, _, _), mark in zip(self.probes, self.probe_marks(), strict=True)
         )
 
     def too_short(self, granularity: float) -> int | None:
@@ -188,6 +194,11 @@ class Answer:
 
     def _tests(self) -> tuple[Steadiness | None, ...]:
         return self.tests or (None,) * len(self.probes)
+
+
+def legend() -> str:
+    """What the probes' marks mean, in a line: `+ met every SLO and kept up, ...`."""
+    return ", ".join(f"{mark} {meaning}" for mark, meaning in MARKS.items())
 
 
 def search(

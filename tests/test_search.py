@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,9 +14,9 @@ from cli.main import main
 from runs.config import RunConfig
 from sim.options import SimOptions
 from sim.search import Bracket, SearchOptions, Slo, default_granularity, parse_slo, search
-from sim.steady import Steadiness, resolution_bound
+from sim.steady import resolution_bound
 from sim.sweep import Cache, Point
-from tests.factories import fake_runner
+from tests.factories import backlog_runner, fake_runner
 
 SMALL = ["--num-requests", "60", "--cost", "analytic", "--jobs", "1"]
 
@@ -69,15 +67,11 @@ def test_a_probe_that_meets_the_slo_but_does_not_keep_up_fails() -> None:
     ^, and the runs (500 requests, a resolution of 0.19 requests/s) are too short for a granularity of
     0.1 but not of 0.5."""
 
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
-        for i, point in enumerate(points):
-            qps = point.config.qps
-            test = Steadiness(qps, max(0.0, qps - 5.0), 0.1, 500)
-            yield i, {"mean_e2el_ms": 1.0, "completed": 500, **test.summary()}
-
     slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
     options = SearchOptions(granularity=0.5, start_qps=1.0)
-    (answer,) = search([Point(RunConfig(), SimOptions())], [slo], [0], run, Cache(None), options)
+    (answer,) = search(
+        [Point(RunConfig(), SimOptions())], [slo], [0], backlog_runner(5.0), Cache(None), options
+    )
     assert answer.max_qps == 5.0 and not answer.capped
     assert answer.marks() == "1+ 2+ 4+ 8^ 6^ 5+ 5.5^"
     assert answer.steadiness is not None and answer.steadiness.growth_qps == 0.0

@@ -21,7 +21,7 @@ from runs.config import DATASETS, RunConfig
 from runs.tally import Watcher
 from sim.engines import LocalPool
 from sim.options import SimOptions
-from sim.search import Answer, SearchOptions, Slo, parse_slo, search
+from sim.search import Answer, SearchOptions, Slo, granularity, parse_slo, search
 from sim.sweep import Cache, GridOptions, expand_layouts, grid, int_list, seed_list
 
 T = TypeVar("T")
@@ -39,7 +39,7 @@ class CapacityQuery:
     budgets: str = "1024"
     thetas: str = "8192"
     slos: str = "p99_e2el_s=20"
-    granularity: float = 0.1
+    granularity: float | None = None  # one the runs resolve, as `sangam search`
     start_qps: float | None = None  # 1 per GPU of each configuration, as `sangam search`
     max_qps: float = 64.0
     num_requests: int = 1000
@@ -49,11 +49,12 @@ class CapacityQuery:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """A finished search: the query, its SLOs and the answers, best first."""
+    """A finished search: the query, its SLOs, the answers (best first) and their precision, QPS."""
 
     query: CapacityQuery
     slos: tuple[Slo, ...]
     answers: tuple[Answer, ...]
+    granularity: float
 
 
 def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOptions]:
@@ -75,9 +76,9 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
     seeds = _field("seeds", seed_list, query.seeds.replace(" ", ""))
     if not (layouts and budgets and thetas and seeds):
         raise InputError("layouts, τ, θ and seeds each need at least one value")
-    start = query.start_qps if query.start_qps is not None else query.granularity
-    if not 0 < query.granularity <= start <= query.max_qps:
-        raise InputError("need 0 < granularity <= start QPS <= max QPS")
+    rates = [r for r in (query.granularity, query.start_qps) if r is not None] + [query.max_qps]
+    if not (rates[0] > 0 and rates == sorted(rates)):
+        raise InputError("need 0 < precision <= start QPS <= max QPS")
     options = GridOptions(
         models=(query.model,), traces=(query.trace,), layouts=layouts, budgets=tuple(budgets),
         thetas=tuple(thetas), seeds=tuple(seeds),
@@ -94,9 +95,11 @@ def run_query(query: CapacityQuery, watch: Watcher | None = None) -> Capacity:
     base = RunConfig(gpu=query.gpu, gpus=query.gpus, num_requests=query.num_requests)
     one_seed = dataclasses.replace(options, seeds=options.seeds[:1])
     configs = grid(base, one_seed, [1.0], SimOptions(cost=query.cost), None)  # each probe sets its rate
+    step = granularity(search_options, configs)
+    search_options = dataclasses.replace(search_options, granularity=step)
     with closing(LocalPool(WORKERS)) as engine:
         answers = search(configs, slos, options.seeds, engine, Cache(None), search_options, watch=watch)
-    return Capacity(query, tuple(slos), tuple(answers))
+    return Capacity(query, tuple(slos), tuple(answers), step)
 
 
 def ranking_frame(capacity: Capacity) -> pd.DataFrame:
@@ -107,19 +110,20 @@ def ranking_frame(capacity: Capacity) -> pd.DataFrame:
         rows.append({
             "rank": rank, "layout": cfg.layout.name, "budget": cfg.budget, "theta": cfg.theta,
             "max_qps_under_slo": answer.max_qps, "capped": answer.capped,
-            "probes": " ".join(f"{q:g}{'+' if ok else '-'}" for q, ok, _ in answer.probes),
+            "probes": answer.marks(),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def probes_frame(capacity: Capacity) -> pd.DataFrame:
-    """Every probe: its configuration, rate, whether it met every SLO, and each SLO's value (the mean
-    over the seeds, in the SLO's unit)."""
+    """Every probe: its configuration, rate, whether it met every SLO (and kept up), its mark as
+    `sangam search` prints it (`sim.search.MARKS`), and each SLO's value (the mean over the seeds, in
+    the SLO's unit)."""
     rows = []
     for answer in capacity.answers:
         label = config_label(answer)
-        for qps, met, values in answer.probes:
-            row = {"configuration": label, "qps": qps, "met": met}
+        for (qps, met, values), mark in zip(answer.probes, answer.probe_marks(), strict=True):
+            row = {"configuration": label, "qps": qps, "met": met, "mark": mark}
             for slo in capacity.slos:
                 row[slo.text] = values[slo.text] * _unit(slo)
             rows.append(row)

@@ -21,7 +21,9 @@ from app.ui import COST_LABELS, chart
 from runs.config import DATASETS
 from runs.tally import Tally
 from sangam.hardware import GPUS, MODELS
+from sim.search import MARKS, legend
 
+SYMBOLS = {"+": ("circle", "●"), "-": ("x", "✕"), "^": ("triangle-up", "▲")}  # a mark's marker, its glyph
 DEFAULTS = CapacityQuery()
 STATE = "capacity"  # session_state key of the last search: a Capacity
 
@@ -59,8 +61,11 @@ def sidebar() -> CapacityQuery | None:
                                      placeholder="1 per GPU")  # fmt: skip
         max_qps = high.number_input("max QPS", min_value=0.01, value=DEFAULTS.max_qps, key="s_max")
         granularity = step.number_input(
-            "precision", min_value=0.01, value=DEFAULTS.granularity, step=0.05, key="s_granularity"
-        )
+            "precision", min_value=0.01, value=DEFAULTS.granularity, step=0.05, key="s_granularity",
+            placeholder="resolved by the runs",
+            help="QPS; by default one the runs resolve: the steadiness test's resolution bound at the start "
+            "QPS, rounded up to 1, 2 or 5 times a power of 10",
+        )  # fmt: skip
         num_requests = st.number_input(
             "Requests per probe", min_value=1, max_value=50_000, value=DEFAULTS.num_requests, step=500,
             key="s_requests", help="the paper's points have 4000; fewer are faster and noisier",
@@ -70,8 +75,9 @@ def sidebar() -> CapacityQuery | None:
             return None
     return CapacityQuery(
         model=model, trace=trace, gpu=gpu, gpus=int(gpus), layouts=layouts, budgets=budgets, thetas=thetas,
-        slos=slos, granularity=float(granularity), max_qps=float(max_qps), num_requests=int(num_requests),
-        start_qps=None if start_qps is None else float(start_qps), seeds=seeds, cost=cost,
+        slos=slos, granularity=None if granularity is None else float(granularity), max_qps=float(max_qps),
+        num_requests=int(num_requests), start_qps=None if start_qps is None else float(start_qps),
+        seeds=seeds, cost=cost,
     )  # fmt: skip
 
 
@@ -115,17 +121,19 @@ def capacity_figure(capacity: Capacity) -> go.Figure:
 
 
 def probes_figure(capacity: Capacity, slo_index: int) -> go.Figure:
-    """Each configuration's probes: the SLO's metric (mean over seeds) against the rate, met or missed."""
+    """Each configuration's probes: the SLO's metric (mean over seeds) against the rate, each marked as
+    `sangam search` marks it (`SYMBOLS`)."""
     slo = capacity.slos[slo_index]
     probes = probes_frame(capacity)
     fig = go.Figure()
     for label, group in probes.groupby("configuration", sort=False):
         fig.add_scatter(
             x=group["qps"], y=group[slo.text], name=str(label), mode="markers+lines",
-            marker_symbol=["circle" if met else "x" for met in group["met"]],
+            marker_symbol=[SYMBOLS[mark][0] for mark in group["mark"]],
         )  # fmt: skip
     fig.add_hline(y=slo_limit(slo), line_dash="dot", annotation_text=slo.text)
-    fig.update_layout(title=f"Probes: {slo.text} (o met every SLO, x missed)", xaxis_title="QPS",
+    key = ", ".join(f"{SYMBOLS[mark][1]} {mark} {meaning}" for mark, meaning in MARKS.items())
+    fig.update_layout(title=f"Probes: {slo.text}<br><sup>{key}</sup>", xaxis_title="QPS",
                       yaxis_title=slo.text.partition("=")[0])  # fmt: skip
     return fig
 
@@ -136,7 +144,7 @@ def show(capacity: Capacity) -> None:
     st.markdown(
         f"**{query.model}** on {query.gpus} **{query.gpu}** GPUs, {query.trace}, {query.num_requests} "
         f"requests per probe, seeds {query.seeds}; SLOs {', '.join(s.text for s in capacity.slos)}; "
-        f"precision {query.granularity:g} QPS."
+        f"precision {capacity.granularity:g} QPS."
     )
     bound = "≥ " if best.capped else ""
     st.metric("Best configuration", config_label(best), f"{bound}{best.max_qps:g} QPS", delta_color="off")
@@ -147,7 +155,8 @@ def show(capacity: Capacity) -> None:
     st.caption(
         "From the start QPS the search doubles while every SLO holds, then bisects between the last rate "
         "that met them and the first that missed, down to the precision: the answer met every SLO and the "
-        "answer plus one step missed one. A probe's metric is its mean over the seeds."
+        "answer plus one step missed one. A probe's metric is its mean over the seeds, and it passes "
+        f"only if its runs kept up with their arrivals. Probes: {legend()}."
     )
     st.dataframe(ranking, hide_index=True)
 

@@ -46,7 +46,7 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.bars import bar
     from sim.engines import EngineOptions, runner
-    from sim.search import SearchOptions, search
+    from sim.search import SearchOptions, granularity, search
     from sim.sweep import Cache, Counts, GridOptions
 
     if args.slo is None:
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--trace {point.config.trace}: search needs a synthetic trace (sharegpt, arxiv)"
             )
+    options = dataclasses.replace(options, granularity=granularity(options, configs))
     counts = Counts()
     with closing(runner(collect(EngineOptions, args))) as engine, bar("search", "points") as watch:
         answers = search(configs, options.slo, grid_options.seeds, engine, Cache(grid_options.cache),
@@ -108,13 +109,13 @@ def print_table(rows: list[dict[str, Any]], options: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from sim.search import legend
+
     slo = ", ".join(s.text for s in options.slo)
     first = rows[0]
     scale = f", times {first['time_scale']:g}" if first["time_scale"] != 1.0 else ""
     title = f"sangam search: max QPS under {slo} on testbed {first['testbed']}{scale}"
-    caption = (
-        "+-: how far above the capacity max QPS can be; probes: + met the SLO, - missed it, ^ backlog grew"
-    )
+    caption = f"+-: how far above the capacity max QPS can be; probes: {legend()}"
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     for header in ("#", "layout", "model", "trace", "tau", "theta", "max QPS", "+-", "probes"):
         table.add_column(header, justify="left" if header.startswith("probes") else "right")

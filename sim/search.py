@@ -12,7 +12,8 @@ A probe meets the SLO only if it also kept up with its arrivals (`sim.steady`: n
 the number of requests in the system over the second half of the run, the seeds pooled): a run too
 short for an overloaded system's latency to grow would otherwise pass. The test's resolution at the
 answer says how far above the capacity the answer can be; where it is coarser than the granularity the
-run was too short to tell (`Answer.too_short`).
+run was too short to tell (`Answer.too_short`). So the default granularity is one the runs can resolve:
+the test's resolution bound at the start rate (`default_granularity`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from runs.results import METRICS
 from runs.tally import Tally, Watcher
 from sim.early_stop import STATS as EARLY_STATS
 from sim.early_stop import Exceeds
-from sim.steady import Steadiness, pooled, requests_needed
+from sim.steady import MIN_REQUESTS, Steadiness, pooled, requests_needed, resolution_bound
 from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
 OTHER = ("overflow_rate", "kv_transferred_gb")  # summary keys without a time unit
+MARKS = {"+": "met every SLO and kept up", "-": "missed an SLO", "^": "did not keep up: its backlog grew"}
 _SLO = re.compile(r"\s*([a-z0-9_]+)\s*(?:<=|=)\s*([-+0-9.eE]+)\s*")
 
 
@@ -96,7 +98,11 @@ class SearchOptions:
         None, "a limit every probe must meet, METRIC=LIMIT (p99_e2el_s=20, mean_queue_ms=500, "
         "overflow_rate=0.1); several allowed", parse=parse_slo, many=True, metavar="METRIC=LIMIT",
     )  # fmt: skip
-    granularity: float = option(0.1, "the answer's precision, requests/s", parse=positive_float)
+    granularity: float | None = option(
+        None, "the answer's precision, requests/s", parse=positive_float,
+        default_text="one the runs resolve: the steadiness test's resolution bound at the start rate, "
+        "rounded up to 1, 2 or 5 times a power of 10",
+    )  # fmt: skip
     start_qps: float | None = option(
         None, "the first rate probed, requests/s", parse=positive_float,
         default_text="1 per GPU of the configuration",
@@ -165,12 +171,17 @@ class Answer:
                 return test
         return None
 
+    def probe_marks(self) -> tuple[str, ...]:
+        """Each probe's mark (`MARKS`), in order."""
+        return tuple(
+            "+" if ok else "^" if test is not None and not test.kept_up else "-"
+            for (_, ok, _), test in zip(self.probes, self._tests(), strict=True)
+        )
+
     def marks(self) -> str:
-        """The probes in order: `8+` met the SLO and kept up, `12^` did not keep up (its backlog grew),
-        `16-` missed the SLO."""
+        """The probes in order, each rate with its mark: `8+ 16^ 12-`."""
         return " ".join(
-            f"{qps:g}{'+' if ok else '^' if test is not None and not test.kept_up else '-'}"
-            for (qps, ok, _), test in zip(self.probes, self._tests(), strict=True)
+            f"{qps:g}{mark}" for (qps, _, _), mark in zip(self.probes, self.probe_marks(), strict=True)
         )
 
     def too_short(self, granularity: float) -> int | None:
@@ -183,6 +194,11 @@ class Answer:
 
     def _tests(self) -> tuple[Steadiness | None, ...]:
         return self.tests or (None,) * len(self.probes)
+
+
+def legend() -> str:
+    """What the probes' marks mean, in a line: `+ met every SLO and kept up, ...`."""
+    return ", ".join(f"{mark} {meaning}" for mark, meaning in MARKS.items())
 
 
 def search(
@@ -199,11 +215,11 @@ def search(
     round probes one rate per unfinished configuration, every seed, all at once on the runner. `watch`
     hears the points (probe x seed) done of an estimated total (`Bracket.left`), and the configurations
     answered."""
-    g = options.granularity
+    g = granularity(options, configs)
     stop = tuple(rule for slo in slos if (rule := slo.stop_rule(len(seeds))) is not None)
     configs = [dataclasses.replace(c, stop=() if c.sim.failures() else stop) for c in configs]
     cap = int(options.max_qps / g + 1e-9)
-    starts = [options.start_qps or float(c.config.layout.num_workers) for c in configs]  # grows with GPUs
+    starts = [_start(options, c) for c in configs]
     brackets = [Bracket(max(1, min(cap, round(start / g))), cap) for start in starts]
     done = 0
     while True:
@@ -249,6 +265,31 @@ def search(
         for p, b in zip(configs, brackets, strict=True)
     ]
     return sorted(answers, key=lambda a: -a.max_qps)
+
+
+def granularity(options: SearchOptions, configs: Sequence[Point]) -> float:
+    """The granularity given, or else `default_granularity`."""
+    return options.granularity or default_granularity(options, configs)
+
+
+def default_granularity(options: SearchOptions, configs: Sequence[Point]) -> float:
+    """The steadiness test's resolution bound (`sim.steady.resolution_bound`) at the highest start
+    rate of `configs`, rounded up to 1, 2 or 5 times a power of 10: a granularity their runs resolve
+    near the start rate and, the bound being a worst case and rounded up, some way above it; on round
+    rates, which a sweep's points share."""
+    bound = max(
+        resolution_bound(
+            _start(options, c), max(c.config.num_requests, MIN_REQUESTS), c.config.arrival_cv or 1.0
+        )
+        for c in configs
+    )
+    power = 10.0 ** math.floor(math.log10(bound))
+    return float(f"{min(m for m in (1, 2, 5, 10) if m * power >= bound) * power:.10g}")
+
+
+def _start(options: SearchOptions, config: Point) -> float:
+    """The first rate probed: 1 QPS per GPU unless given (a capacity grows with the GPUs)."""
+    return options.start_qps or float(config.config.layout.num_workers)
 
 
 def _tested(summaries: Sequence[dict[str, Any]]) -> Steadiness | None:

@@ -24,7 +24,8 @@ latency alone passes it. The test looks at the growth itself:
 
 `T_CRIT` standard errors is the test's resolution: a smaller deficit (offered less served) can go
 unseen. A random walk's resolution falls as T^-1/2, so a run needs about `(resolution / deficit)^2`
-times as many requests to resolve a given deficit (`requests_needed`).
+times as many requests to resolve a given deficit (`requests_needed`). Before a run, the resolution a
+system at its capacity would give is `resolution_bound`: it grows with the rate, as rate / sqrt(requests).
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def pooled(runs: Sequence[Steadiness]) -> Steadiness:
         math.sqrt(sum(r.growth_se**2 for r in runs)) / k,
         min(r.requests for r in runs),
     )
+
+
+def resolution_bound(qps: float, requests: int, arrival_cv: float = 1.0) -> float:
+    """The resolution, requests/s, of a run of `requests` requests at `qps` whose number in the system
+    is the random walk of a system at its capacity (the worst case of one that keeps up): arrivals with
+    gaps of coefficient of variation `arrival_cv` (1: Poisson) and as many Poisson ends, a walk of
+    variance qps (1 + cv^2) per second, over the window of the second half of the arrivals (`requests` at
+    least `MIN_REQUESTS`)."""
+    window = (requests - 1 - requests // 2) / qps
+    return T_CRIT * math.sqrt(1.2 * qps * (1 + arrival_cv**2) / window)
 
 
 def requests_needed(requests: int, resolution: float, deficit: float) -> int:

@@ -1,5 +1,5 @@
 """Factories for CPU tests: requests with exact sequence lengths and planned forwards, a sweep engine
-that runs nothing."""
+that runs nothing, or one whose runs stop keeping up above a rate."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sangam.batcher import Batcher
 from sangam.budget import BatchConfig, Policy
 from sangam.kv import PagePool
 from sangam.request import Request
+from sim.steady import Steadiness
 from sim.sweep import Point, Runner
 
 
@@ -46,5 +47,18 @@ def fake_runner(metric: Callable[[RunConfig], float]) -> Runner:
     def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
         for i in reversed(range(len(points))):
             yield i, {"mean_e2el_ms": metric(points[i].config)}
+
+    return run
+
+
+def backlog_runner(capacity: float) -> Runner:
+    """A runner whose summaries meet any latency SLO (mean_e2el_ms 1) in runs of 500 requests, the
+    number in the system growing by the rate less `capacity` (standard error 0.1), if positive."""
+
+    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
+        for i, point in enumerate(points):
+            qps = point.config.qps
+            test = Steadiness(qps, max(0.0, qps - capacity), 0.1, 500)
+            yield i, {"mean_e2el_ms": 1.0, "completed": 500, **test.summary()}
 
     return run

@@ -10,8 +10,14 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.capacity import CapacityQuery, probes_frame, ranking_frame, run_query
+from app.capacity import Capacity, CapacityQuery, probes_frame, ranking_frame, run_query
+from app.search_page import probes_figure
 from cli.main import main
+from runs.config import RunConfig
+from sim.options import SimOptions
+from sim.search import MARKS, SearchOptions, Slo, legend, search
+from sim.sweep import Cache, Point
+from tests.factories import backlog_runner
 
 PAGE = """
 if __name__ == "__main__":  # the search's spawned workers re-import this script
@@ -51,17 +57,40 @@ def test_a_search_is_ranked_and_drawn_with_its_csvs() -> None:
     assert list(table["layout"]) == ["2C", "1C"] and list(table["rank"]) == [1, 2]
     assert table["max_qps_under_slo"].iloc[0] > table["max_qps_under_slo"].iloc[1] > 0
     assert at.metric[0].value == "2C τ1024 θ8192"
+    assert any(legend() in caption.value for caption in at.caption)  # the marks' legend
 
 
-def test_the_page_answers_as_sangam_search_does(tmp_path: Path) -> None:
+def test_probes_that_did_not_keep_up_are_marked_as_sangam_search_marks_them() -> None:
+    """Latency meets the SLO at every rate, but above 5 QPS the backlog grows: the page's ranking,
+    probes table and chart mark those probes ^ (as `sangam search` prints them), not -, with a key."""
+    slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
+    options = SearchOptions(granularity=0.5, start_qps=1.0)
+    answers = search(
+        [Point(RunConfig(), SimOptions())], [slo], [0], backlog_runner(5.0), Cache(None), options
+    )
+    capacity = Capacity(CapacityQuery(), (slo,), tuple(answers), 0.5)
+    assert list(ranking_frame(capacity)["probes"]) == ["1+ 2+ 4+ 8^ 6^ 5+ 5.5^"]
+    probes = probes_frame(capacity)
+    assert list(zip(probes["qps"], probes["mark"], strict=True)) == [
+        (1.0, "+"), (2.0, "+"), (4.0, "+"), (5.0, "+"), (5.5, "^"), (6.0, "^"), (8.0, "^")
+    ]  # fmt: skip
+    figure = probes_figure(capacity, 0)
+    assert list(figure.data[0].marker.symbol) == ["circle"] * 4 + ["triangle-up"] * 3
+    assert all(meaning in figure.layout.title.text for meaning in MARKS.values())
+
+
+@pytest.mark.parametrize(("given", "used"), [(0.5, 0.5), (None, 2.0)])
+def test_the_page_answers_as_sangam_search_does(tmp_path: Path, given: float | None, used: float) -> None:
+    """With a precision given, and without: then both use the one their runs resolve."""
     query = CapacityQuery(gpus=2, layouts="2C 1P1C", num_requests=30, slos="mean_e2el_s=3, p99_e2el_s=8",
-                          granularity=0.5, seeds="0, 1", cost="analytic")  # fmt: skip
+                          granularity=given, seeds="0, 1", cost="analytic")  # fmt: skip
     capacity = run_query(query)
+    assert capacity.granularity == used
     out = tmp_path / "search.csv"
     argv = ["search", "--gpus", "2", "--layouts", "2C", "1P1C", "--num-requests", "30", "--cost", "analytic",
-            "--slo", "mean_e2el_s=3", "--slo", "p99_e2el_s=8", "--granularity", "0.5", "--seeds", "0", "1",
-            "--jobs", "1", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
+            "--slo", "mean_e2el_s=3", "--slo", "p99_e2el_s=8", "--seeds", "0", "1", "--jobs", "1",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv + ([] if given is None else ["--granularity", str(given)])) == 0
     cli = list(csv.DictReader(out.open()))
     page = ranking_frame(capacity)
     assert [(r["layout"], float(r["max_qps_under_slo"]), r["probes"]) for r in cli] == list(

@@ -6,19 +6,17 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cli.main import main
 from runs.config import RunConfig
 from sim.options import SimOptions
-from sim.search import Bracket, SearchOptions, Slo, parse_slo, search
-from sim.steady import Steadiness
+from sim.search import Bracket, SearchOptions, Slo, default_granularity, parse_slo, search
+from sim.steady import resolution_bound
 from sim.sweep import Cache, Point
-from tests.factories import fake_runner
+from tests.factories import backlog_runner, fake_runner
 
 SMALL = ["--num-requests", "60", "--cost", "analytic", "--jobs", "1"]
 
@@ -69,15 +67,11 @@ def test_a_probe_that_meets_the_slo_but_does_not_keep_up_fails() -> None:
     ^, and the runs (500 requests, a resolution of 0.19 requests/s) are too short for a granularity of
     0.1 but not of 0.5."""
 
-    def run(points: Sequence[Point]) -> Iterator[tuple[int, dict[str, Any]]]:
-        for i, point in enumerate(points):
-            qps = point.config.qps
-            test = Steadiness(qps, max(0.0, qps - 5.0), 0.1, 500)
-            yield i, {"mean_e2el_ms": 1.0, "completed": 500, **test.summary()}
-
     slo = Slo("mean_e2el_ms", 2000.0, "mean_e2el_s=2")
     options = SearchOptions(granularity=0.5, start_qps=1.0)
-    (answer,) = search([Point(RunConfig(), SimOptions())], [slo], [0], run, Cache(None), options)
+    (answer,) = search(
+        [Point(RunConfig(), SimOptions())], [slo], [0], backlog_runner(5.0), Cache(None), options
+    )
     assert answer.max_qps == 5.0 and not answer.capped
     assert answer.marks() == "1+ 2+ 4+ 8^ 6^ 5+ 5.5^"
     assert answer.steadiness is not None and answer.steadiness.growth_qps == 0.0
@@ -132,6 +126,38 @@ def test_the_answer_meets_the_slo_in_sangam_sim_and_one_step_above_does_not(tmp_
     assert mean_e2el_s(found) <= 3 < mean_e2el_s(round(found + 0.1, 10))
 
 
+@pytest.mark.parametrize(
+    ("gpus", "requests", "start", "expected"),
+    [
+        (8, 4000, None, 1.0),
+        (2, 4000, None, 0.2),
+        (8, 4000, 1.0, 0.1),
+        (8, 500, None, 2.0),
+        (8, 10, None, 10.0),
+    ],
+)
+def test_the_default_granularity_is_the_resolution_bound_at_the_start_rate_rounded_up(
+    gpus: int, requests: int, start: float | None, expected: float
+) -> None:
+    configs = [Point(RunConfig(gpus=gpus, mode="colocated", num_requests=requests), SimOptions())]
+    found = default_granularity(SearchOptions(start_qps=start), configs)
+    bound = resolution_bound(start or gpus, max(requests, 40))
+    assert found == expected and bound <= found < 2.5 * bound
+
+
+def test_a_default_search_resolves_its_granularity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's search at its defaults (4000 requests) on 8 colocated GPUs: its runs resolve the
+    default granularity, so it does not say they are too short (at 0.1 QPS it did, every time)."""
+    out = tmp_path / "search.csv"
+    assert main(["search", "--gpus", "8", "--layouts", "8C", "--slo", "p99_e2el_s=20", "--jobs", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    (answer,) = csv.DictReader(out.open())
+    assert "too short to tell" not in capsys.readouterr().out and answer["requests_needed"] == ""
+    assert float(answer["resolution_qps"]) <= 1.0 and float(answer["max_qps_under_slo"]).is_integer()
+
+
 def test_several_configurations_are_ranked_and_the_best_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -149,7 +175,8 @@ def test_several_configurations_are_ranked_and_the_best_named(
 
 
 def test_a_search_models_its_testbed_and_time_scale(tmp_path: Path) -> None:
-    args = ["search", "--layouts", "1C", *SMALL, "--slo", "mean_e2el_s=3", "--cache", str(tmp_path / "cache")]
+    args = ["search", "--layouts", "1C", *SMALL, "--slo", "mean_e2el_s=3", "--granularity", "0.1",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
     answers = {}
     for name, extra in (
         ("ours", []),

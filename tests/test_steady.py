@@ -4,10 +4,11 @@ half of its arrivals; the growth is the offered rate less the served one."""
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
-from sim.steady import MIN_REQUESTS, Steadiness, pooled, requests_needed, steadiness
+from sim.steady import MIN_REQUESTS, Steadiness, pooled, requests_needed, resolution_bound, steadiness
 
 
 def queue(arrival_rate: float, service_rate: float, n: int, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -46,6 +47,19 @@ def test_the_resolution_shrinks_as_runs_get_longer() -> None:
     short = pooled([t for s in range(8) if (t := steadiness(*queue(9.5, 10.0, 500, s)))])
     long = pooled([t for s in range(8) if (t := steadiness(*queue(9.5, 10.0, 8000, s)))])
     assert long.resolution_qps < short.resolution_qps / 2
+
+
+@pytest.mark.parametrize("requests", [500, 4000])
+def test_a_server_at_its_capacity_resolves_the_bound_and_below_it_finer(requests: int) -> None:
+    """A server at its capacity is the random walk `resolution_bound` assumes: its runs' resolutions
+    average to the bound (within 15%: the walk's variance is estimated with 8 degrees of freedom)."""
+
+    def mean_resolution(offered: float) -> float:
+        tests = [steadiness(*queue(offered, 10.0, requests, seed)) for seed in range(40)]
+        return statistics.mean(t.resolution_qps for t in tests if t is not None)
+
+    assert mean_resolution(10.0) == pytest.approx(resolution_bound(10.0, requests), rel=0.15)
+    assert mean_resolution(8.0) < resolution_bound(8.0, requests)
 
 
 def test_unfinished_requests_never_leave() -> None:

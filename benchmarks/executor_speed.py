@@ -97,7 +97,7 @@ def count_parts(
     weight_bytes = 1 if quant == "fp8" else 2
     rate = GPU.tflops * (FP8_SPEEDUP if quant == "fp8" else 1.0)
     attention = 4.0 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
-    kv = float(items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token)
+    kv = float(items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token())
     linear = (
         (body, float(weight_bytes * spec.layers * spec.layer_params), rate),
         (head, float(2 * spec.vocab * spec.hidden), GPU.tflops),

@@ -64,7 +64,7 @@ def plan(testbed_name: str, model: str, qps: float, n: int, seed: int) -> dict[s
         "mask_len": cfg.mask_tokens,
         "progress": spec,
         "kv_pages": cfg.kv_pages,
-        "kv_bytes_per_token": cfg.model_spec.kv_bytes_per_token,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token,
         "link": {"gb_per_s": link.gb_per_s, "latency_s": link.latency_s, "source": testbed.link.source},
         "profile": {
             "source": testbed.profile_source,

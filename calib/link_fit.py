@@ -232,8 +232,11 @@ def write_profile(profile: dict[str, Any], fit: Fit, out_dir: Path, source: str)
 def live_points(results: Path, bytes_per_token: int | None = None) -> tuple[list[tuple[int, float]], str]:
     """(bytes, seconds) of every KV transfer of a `sangam live` run's results directory, and the model."""
     summary = json.loads((results / "summary.json").read_text())
-    model = summary.get("config", {}).get("model", "llada-8b")
-    per_token = bytes_per_token or lookup_model(model).kv_bytes_per_token
+    config = summary.get("config", {})
+    model = config.get("model", "llada-8b")
+    per_token = bytes_per_token or lookup_model(model).kv_bytes_per_token(
+        config.get("kv_cache_dtype", "auto")
+    )
     with (results / "requests.csv").open() as f:
         seq_len = {row["request_id"]: int(row["seq_len"]) for row in csv.DictReader(f)}
     points = []

@@ -17,7 +17,8 @@ from serve.options import ServeOptions
 # binds the scheduler's client port on loopback, any free port; --host/--port are the HTTP server's)
 LIVE_ONLY = ("host", "port", "serve", "stall_timeout")
 LAYOUT = (
-    "mode", "gpu", "mask_len", "budget", "prefill_budget", "theta", "policy", "max_decodes", "pages", "seed",
+    "mode", "gpu", "mask_len", "budget", "prefill_budget", "theta", "policy", "max_decodes", "pages",
+    "kv_cache_dtype", "seed",
 )  # fmt: skip
 
 

@@ -67,7 +67,7 @@ class AnalyticCostModel:
         self._prefill_s_per_square = 4 * width / (PREFILL_ATTENTION_EFFICIENCY * flops)
         # Compute and KV bytes both grow linearly with the context, so their max is one rate per position.
         decode_compute = 4 * BLOCK * width / (DECODE_ATTENTION_EFFICIENCY * flops)
-        decode_memory = model.kv_bytes_per_token / model.layers / (KV_READ_EFFICIENCY * bandwidth)
+        decode_memory = model.kv_bytes_per_token() / model.layers / (KV_READ_EFFICIENCY * bandwidth)
         self._decode_s_per_position = max(decode_compute, decode_memory)
         head_params = model.vocab * model.hidden
         self._head_s_per_request = BLOCK * 2 * head_params / (LINEAR_EFFICIENCY * flops)

@@ -21,7 +21,7 @@ from profiles.store import DATA, Profile, load_profile_dir
 from profiles.testbed import Testbed, parse_testbed, testbed_dict
 from runs.config import RunConfig
 from sangam.cost import CostModel, TimeScales, looped, scaled
-from sangam.hardware import lookup_gpu, lookup_model
+from sangam.hardware import lookup_gpu, lookup_model, pages_in_kv_dtype
 
 TESTBEDS = DATA / "testbeds"
 DEFAULT_GPU = RunConfig().gpu
@@ -141,13 +141,16 @@ def looped_cost_model(testbed: Testbed, cost: CostModel, name: str) -> tuple[Cos
 def testbed_config(
     testbed: Testbed, base: RunConfig, profile: Profile | None, given: Mapping[str, Any]
 ) -> RunConfig:
-    """`base` on the testbed: its GPU, its KV pages (else the profile's live worker's) and its arrival
-    clip, except where `given` (the flags given explicitly: pages, arrival_clip, arrival_cv) says."""
+    """`base` on the testbed: its GPU, its KV pages (else the profile's live worker's; both bf16 pages,
+    converted to `base.kv_cache_dtype`'s in the same memory) and its arrival clip, except where `given`
+    (the flags given explicitly: pages, arrival_clip, arrival_cv) says."""
     pages = given.get("pages")
     if pages is None:
         pages = testbed.pages(base.model)
-    if pages is None and profile is not None:
-        pages = profile.kv_pages
+        if pages is None and profile is not None:
+            pages = profile.kv_pages
+        if pages is not None:
+            pages = pages_in_kv_dtype(pages, base.kv_cache_dtype)
     clip = given.get("arrival_clip")
     if clip is None and given.get("arrival_cv") is None:
         clip = testbed.arrival.clip

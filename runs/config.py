@@ -12,7 +12,7 @@ from typing import Any
 from runs.args import positive_float, positive_int
 from runs.options import option
 from sangam.budget import BatchConfig, Policy
-from sangam.hardware import GPUS, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
+from sangam.hardware import GPUS, KV_DTYPE_BYTES, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
 from sangam.progress import ProgressModel, default_progress
 from sangam.request import Request, response_region
@@ -84,6 +84,11 @@ class RunConfig:
         None, "KV pages (16 tokens each) per worker", parse=positive_int,
         default_text="the measured profile's, else 90% of GPU memory minus weights minus 8 GiB",
     )  # fmt: skip
+    kv_cache_dtype: str = option(
+        "auto", "KV cache storage (vLLM's flag): auto keeps the model's dtype (bf16 on GPU); fp8 stores E4M3 "
+        "with a per-tensor scale of 1.0, so the same memory holds twice the pages and a KV transfer moves "
+        "half the bytes", choices=tuple(KV_DTYPE_BYTES),
+    )  # fmt: skip
     seed: int = option(0, "seeds every random stream: lengths, arrivals, forwards per block, tie-breaks",
                        parse=int)  # fmt: skip
 
@@ -103,6 +108,10 @@ class RunConfig:
             raise ValueError(f"mask length must be a positive multiple of 32, got {self.mask_len}")
         if self.pages is not None and self.pages <= 0:
             raise ValueError(f"pages must be a positive integer, got {self.pages}")
+        if self.kv_cache_dtype not in KV_DTYPE_BYTES:
+            raise ValueError(
+                f"kv-cache-dtype must be one of {', '.join(KV_DTYPE_BYTES)}, got {self.kv_cache_dtype!r}"
+            )
         self.layout  # noqa: B018 - validates the mode string
         lookup_model(self.model)
         lookup_gpu(self.gpu)
@@ -121,7 +130,14 @@ class RunConfig:
 
     @property
     def kv_pages(self) -> int:
-        return self.pages if self.pages is not None else kv_pages(self.model_spec, lookup_gpu(self.gpu))
+        if self.pages is not None:
+            return self.pages
+        return kv_pages(self.model_spec, lookup_gpu(self.gpu), kv_dtype=self.kv_cache_dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one position as this run stores (and transfers) them."""
+        return self.model_spec.kv_bytes_per_token(self.kv_cache_dtype)
 
     @property
     def mask_tokens(self) -> int:

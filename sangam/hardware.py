@@ -7,6 +7,9 @@ from dataclasses import dataclass
 BLOCK = 32  # tokens per Fast-dLLM block; a decode step forwards one block
 PAGE = 16  # tokens per KV page
 GIB = 1 << 30
+# Bytes per stored K or V element, per `--kv-cache-dtype` (vLLM's flag): auto keeps the model's bf16,
+# fp8 stores E4M3, so a page takes half the bytes and the same memory holds twice the pages.
+KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
 
 
 def pages_for(tokens: int) -> int:
@@ -28,10 +31,9 @@ class ModelSpec:
     vocab: int
     qkv_bias: bool
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """bf16 K and V of every layer for one position."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+    def kv_bytes_per_token(self, kv_dtype: str = "auto") -> int:
+        """K and V of every layer for one position, stored as `kv_dtype` (`KV_DTYPE_BYTES`)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * KV_DTYPE_BYTES[kv_dtype]
 
     @property
     def qkv_width(self) -> int:
@@ -55,9 +57,8 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return 2 * self.params
 
-    @property
-    def page_bytes(self) -> int:
-        return PAGE * self.kv_bytes_per_token
+    def page_bytes(self, kv_dtype: str = "auto") -> int:
+        return PAGE * self.kv_bytes_per_token(kv_dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +87,18 @@ MEMORY_UTILISATION = 0.9  # share of GPU memory the worker may take
 ACTIVATION_RESERVE_GIB = 8.0  # activations, CUDA graphs and workspace kept out of the KV pool
 
 
-def kv_pages(model: ModelSpec, gpu: GPUSpec, workers_per_gpu: int = 1) -> int:
+def kv_pages(model: ModelSpec, gpu: GPUSpec, workers_per_gpu: int = 1, kv_dtype: str = "auto") -> int:
     """Default KV pages per worker: usable memory minus weights and activations, split between the
-    workers that share the GPU (each holds its own weights)."""
+    workers that share the GPU (each holds its own weights), in pages of `kv_dtype`."""
     free = gpu.memory_gib * MEMORY_UTILISATION * GIB
     free -= workers_per_gpu * (model.weight_bytes + ACTIVATION_RESERVE_GIB * GIB)
-    return max(int(free // workers_per_gpu // model.page_bytes), 0)
+    return max(int(free // workers_per_gpu // model.page_bytes(kv_dtype)), 0)
+
+
+def pages_in_kv_dtype(bf16_pages: int, kv_dtype: str) -> int:
+    """The pages of `kv_dtype` that the memory of `bf16_pages` bf16 pages holds (a testbed's or a
+    profile's pages are its bf16 worker's)."""
+    return bf16_pages * KV_DTYPE_BYTES["auto"] // KV_DTYPE_BYTES[kv_dtype]
 
 
 def lookup_model(name: str) -> ModelSpec:

@@ -64,7 +64,7 @@ def simulate(
         prefill_batch=cfg.prefill_batch_config(),
         theta=cfg.theta,
         pages=cfg.kv_pages,
-        kv_bytes_per_token=cfg.model_spec.kv_bytes_per_token,
+        kv_bytes_per_token=cfg.kv_bytes_per_token,
         link=link,
         control_s=control_s,
     )
@@ -80,7 +80,7 @@ def simulate(
         router.workers_lost, router.requests_recovered, router.forwards_redone, router.requests_failed
     )
     done = [request_row(r) for r in requests if r.finished]
-    summary = summarize(done, cfg.model_spec.kv_bytes_per_token, recovery)
+    summary = summarize(done, cfg.kv_bytes_per_token, recovery)
     wall = time.perf_counter() - started
     if early is not None and cluster.stopped_at is not None:
         summary.update(stopped_at_s=cluster.stopped_at, lower_bounds=early.bounds)

@@ -201,7 +201,7 @@ def test_sim_charges_transfers_with_a_measured_link_profile(tmp_path: Path) -> N
     summary = json.loads((out / "summary.json").read_text())
     measured = {"gb_per_s": profile["gb_per_s"], "latency_s": profile["latency_s"]}
     assert summary["kv_link"] == {"source": "h200-gloo-shared", **measured, "handoff_s": 0.0}
-    per_token = lookup_model("dream-7b").kv_bytes_per_token
+    per_token = lookup_model("dream-7b").kv_bytes_per_token()
     with (out / "requests.csv").open() as f:
         seq_len = {row["request_id"]: int(row["seq_len"]) for row in csv.DictReader(f)}
     with (out / "blocks.csv").open() as f:

@@ -157,7 +157,7 @@ def test_summaries_of_a_stopped_run_cover_the_requests_ended_by_then() -> None:
     result = simulate(cfg, synthetic_rows(cfg), cost, stop=[Exceeds("mean", 10_000.0)])
     done = [request_row(r) for r in result.requests if r.finished]
     assert all(row["end"] <= result.summary["stopped_at_s"] for row in done)
-    expected = summarize(done, cfg.model_spec.kv_bytes_per_token)
+    expected = summarize(done, cfg.kv_bytes_per_token)
     assert result.summary["mean_e2el_ms"] == expected["mean_e2el_ms"]
     assert result.summary["completed"] == len(done) < 400
 

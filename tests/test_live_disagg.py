@@ -193,7 +193,7 @@ def test_measured_cpu_gloo_profile_drives_the_simulated_link(tmp_path: Path) -> 
 
     cost = AnalyticCostModel(cfg.model_spec, lookup_gpu(cfg.gpu))
     result = simulate(cfg, with_arrival_times(cfg, read_trace(trace)), cost, link=link)
-    per_token = lookup_model("llada-8b").kv_bytes_per_token
+    per_token = lookup_model("llada-8b").kv_bytes_per_token()
     for req in result.requests:
         for rec in req.blocks:
             if rec.transfer_start is not None and rec.transfer_end is not None:

@@ -61,6 +61,7 @@ class WorkerLaunch:
     )
     kv_transport: str = "gloo"
     quantization: str | None = None  # 'fp8': quantize the linear layers at load (executor.model.fp8)
+    kv_cache_dtype: str = "auto"  # 'fp8': the paged KV in FP8 E4M3 (executor.model.kv_cache)
     dist_port: int = 0  # KV rendezvous store port (the launcher hosts it)
     dist_host: str = "127.0.0.1"
     transfer_timeout: float = 30.0

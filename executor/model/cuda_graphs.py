@@ -337,7 +337,7 @@ class GraphedModelRunner:
     @torch.inference_mode()
     def _setup(self, capture: bool | None, warmup: int) -> None:
         device, dtype = self.model.device, self.model.dtype
-        graphable = supports(device, dtype) and supports(device, self.cache.layers[0].dtype)
+        graphable = supports(device, dtype, self.cache.layers[0].dtype)
         if capture is None and not graphable:
             log.info(
                 "no CUDA graphs without FlashInfer and fp16/bf16 on a CUDA device: every forward is eager"

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+KV_DTYPES = (*HALF_DTYPES, torch.float8_e4m3fn)  # fa2 reads FP8 pages under fp16/bf16 queries
 FA2 = "fa2"  # pinned: correct for causal=False on Hopper (docs/design.md section 5)
 REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals
 
@@ -58,9 +59,10 @@ def replans_supported() -> bool:
     return module is not None and getattr(module, "__version__", "") == REPLAN_VERSION
 
 
-def supports(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether FlashInfer can serve attention for this device and q/kv dtype."""
-    return torch.device(device).type == "cuda" and dtype in HALF_DTYPES and flashinfer_available()
+def supports(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> bool:
+    """Whether FlashInfer can serve attention for this device, q dtype and KV dtype (None: q's)."""
+    on_cuda = torch.device(device).type == "cuda"
+    return on_cuda and dtype in HALF_DTYPES and (kv_dtype or dtype) in KV_DTYPES and flashinfer_available()
 
 
 def _require() -> ModuleType:
@@ -114,9 +116,10 @@ class FlashInferAttention:
         flashinfer = _require()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.dtype, self.kv_dtype = dtype, kv_dtype or dtype
-        if self.dtype not in HALF_DTYPES or self.kv_dtype not in HALF_DTYPES:
+        if self.dtype not in HALF_DTYPES or self.kv_dtype not in KV_DTYPES:
             raise ValueError(
-                f"FlashInfer attention needs fp16/bf16 q and KV, not {self.dtype}/{self.kv_dtype}"
+                f"FlashInfer attention needs fp16/bf16 q and fp16/bf16/fp8 KV, not "
+                f"{self.dtype}/{self.kv_dtype}"
             )
         self.device = torch.device(device)
         self.workspace = shared_workspace(self.device) if workspace is None else workspace
@@ -252,8 +255,9 @@ def make_backend(
     dtype: torch.dtype = torch.bfloat16,
     kv_dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
-    """FlashInfer on a CUDA device in fp16/bf16 when it is installed; the torch reference otherwise."""
-    if supports(device, dtype) and (kv_dtype or dtype) in HALF_DTYPES:
+    """FlashInfer on a CUDA device in fp16/bf16 (KV also FP8) when it is installed; the torch reference
+    otherwise."""
+    if supports(device, dtype, kv_dtype):
         return FlashInferAttention.for_model(config, dtype=dtype, kv_dtype=kv_dtype, device=device)
     if torch.device(device).type == "cuda" and dtype in HALF_DTYPES:
         log.warning("FlashInfer is not installed: attention falls back to the (slow) torch backend on CUDA")
@@ -264,12 +268,13 @@ def warm_up_kernels(
     device: torch.device | str = "cuda",
     *,
     dtype: torch.dtype = torch.bfloat16,
+    kv_dtype: torch.dtype | None = None,
     head_dims: tuple[int, ...] = (128,),
 ) -> dict[str, float]:
     """JIT-compile (or load from the cache) every FlashInfer module the executor uses, in parallel threads.
 
-    The modules: fa2 batch prefill for each head_dim, RMSNorm, SiLU-and-mul, RoPE with a cos/sin cache and
-    the paged K/V store.
+    The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s), RMSNorm,
+    SiLU-and-mul, RoPE with a cos/sin cache and the paged K/V store.
     Returns seconds per module. Each build is a ninja subprocess, so threads overlap them.
     """
     import time
@@ -279,8 +284,8 @@ def warm_up_kernels(
     torch.zeros(1, device=device)  # initialise CUDA once, before the threads
 
     def attention(head_dim: int) -> None:
-        backend = FlashInferAttention(2, 1, head_dim, dtype=dtype, device=device)
-        kv = torch.randn(2, 2, PAGE, 1, head_dim, dtype=dtype, device=device)
+        backend = FlashInferAttention(2, 1, head_dim, dtype=dtype, kv_dtype=kv_dtype, device=device)
+        kv = torch.randn(2, 2, PAGE, 1, head_dim, dtype=dtype, device=device).to(kv_dtype or dtype)
         backend.plan(AttentionLayout.build([3], [20], [[0, 1]]))
         backend.run(torch.randn(3, 2, head_dim, dtype=dtype, device=device), kv)
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from executor.model.attention import AttentionBackend
-from executor.model.kv_cache import KVSlots, PagedKVCache
+from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, plan_microbatch
 from executor.model.transformer import Transformer
@@ -40,7 +40,8 @@ class SlotStore:
     Built once per microbatch. On a GPU (fp16/bf16, FlashInfer present) one `append_paged_kv_cache`
     kernel stores K and V from their strided views of the qkv output: the plan's slots become a one-page-
     per-row table (row i at offset i * PAGE + its page offset of "request" 0). Elsewhere, or for a KV dtype
-    other than the activations', it is one `index_copy_` per K and V over the layer seen as
+    other than the activations' (FP8 pages: torch's saturating cast first), it is one `index_copy_` per K
+    and V over the layer seen as
     `(pages * 2 * PAGE, kv_heads * head_dim)` rows: advanced indexing over (page, K/V, offset) took five
     times as long (H200: 3.6 ms against 0.7 ms per 2048-token LLaDA prefill).
     """
@@ -81,11 +82,11 @@ class SlotStore:
 def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
     """Copy `values` (W, kv_heads, head_dim) into rows `rows` of `kv_layer` seen as (-1, kv_heads * head_dim).
 
-    The copy moves 8-byte words where the layout allows (a bitwise copy either way): four times fewer
-    elements for the elementwise index kernel than bf16 ones.
+    The copy moves 8-byte words where the layout allows, else elements (FP8 ones as bytes: a bitwise copy
+    either way): four times fewer elements for the elementwise index kernel than bf16 ones.
     """
-    flat = kv_layer.view(-1, kv_layer.shape[-2] * kv_layer.shape[-1])
-    source = values.to(kv_layer.dtype).reshape(len(values), -1)
+    flat = as_bits(kv_layer).view(-1, kv_layer.shape[-2] * kv_layer.shape[-1])
+    source = as_bits(values.to(kv_layer.dtype)).reshape(len(values), -1)
     if flat.element_size() < 8:
         with contextlib.suppress(RuntimeError):  # unless a stride or offset splits a word: copy elements
             flat, source = flat.view(torch.int64), source.view(torch.int64)

@@ -6,6 +6,13 @@ layout is FlashInfer's paged NHD layout, with K stored after RoPE, so a FlashInf
 these tensors as they are. One more page than the pool holds, `scratch_page`, takes the K/V of query
 rows that a forward computes but must not keep (a Dream decode's row left of its block), so every
 forward stores all its rows in one pass.
+
+With `--kv-cache-dtype fp8` the pages hold E4M3 (`kv_dtype`): half the bytes of bf16, so the same memory
+holds twice the pages. K and V are stored with a per-tensor scale of 1.0, vLLM's default for an FP8 KV
+cache without calibrated scales: a write is torch's cast into E4M3, which saturates at +-448 (torch
+2.13's conversion, on host and device alike; NaN stays NaN), a read a plain cast back to the compute
+dtype (`TorchAttention`), and FlashInfer runs with its default scales (1.0). Calibrated scales are not
+implemented.
 """
 
 from __future__ import annotations
@@ -19,6 +26,20 @@ from torch import Tensor
 from executor.model.config import ModelConfig
 from sangam.hardware import PAGE
 from sangam.kv import PagePool
+
+KV_DTYPES = {"fp8": torch.float8_e4m3fn}  # `--kv-cache-dtype` values besides auto (the model's dtype)
+
+
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype the pages store for `--kv-cache-dtype` (auto: the model's own)."""
+    return model_dtype if kv_cache_dtype == "auto" else KV_DTYPES[kv_cache_dtype]
+
+
+def as_bits(kv: Tensor) -> Tensor:
+    """`kv` as it is copied and moved: FP8 seen as bytes (torch has no CPU `index_copy_` for it, and NCCL
+    moves it as uint8 either way); other dtypes as they are (NCCL has no 16-bit integer type, so bf16
+    must travel as bf16)."""
+    return kv.view(torch.uint8) if kv.element_size() == 1 else kv
 
 
 @dataclass(frozen=True, slots=True)

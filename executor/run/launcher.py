@@ -85,6 +85,7 @@ class ClusterSpec:
     threads: int = 1
     cuda_graphs: bool = True
     quantization: str | None = None  # 'fp8': the workers quantize the model's linear layers at load
+    kv_cache_dtype: str = "auto"  # 'fp8': the workers store their paged KV in FP8 E4M3
     host: str = "127.0.0.1"
     port: int = 0
     iteration_log: Path | None = None
@@ -259,7 +260,7 @@ class LocalCluster:
                 dist_port=dist_port,
                 transfer_timeout=spec.transfer_timeout, dist_timeout=spec.dist_timeout,
                 fault_stall_recv=spec.fault_stall_recv, max_model_len=spec.max_model_len,
-                quantization=spec.quantization,
+                quantization=spec.quantization, kv_cache_dtype=spec.kv_cache_dtype,
             )  # fmt: skip
             self._launches[index] = launch
             self._spawn(f"worker {index}", "executor.worker.process", launch, worker.env, index)

@@ -111,6 +111,7 @@ class LivePlan:
             "layout": cfg.layout.name,
             "kv_transport": None if colocated else self.cluster.transport,
             "kv_pages": cfg.kv_pages,
+            "kv_cache_dtype": cfg.kv_cache_dtype,
             "mask_len": cfg.mask_tokens,
             "policy": cfg.policy.value,
             "budget": cfg.budget,
@@ -198,7 +199,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
     pages = base.pages or (TINY_PAGES if tiny else None)
     per_gpu = max((sum(w.gpu == g for w in workers) for g in {w.gpu for w in workers}), default=1)
     if pages is None and not on_cpu and per_gpu > 1:  # the GPU's KV memory is split between its workers
-        pages = kv_pages(lookup_model(spec_name), lookup_gpu(base.gpu), per_gpu)
+        pages = kv_pages(lookup_model(spec_name), lookup_gpu(base.gpu), per_gpu, base.kv_cache_dtype)
     transport = resolve_transport(args.kv_transport, workers)
     config = replace(
         base,
@@ -226,6 +227,7 @@ def plan_run(base: RunConfig, args: LiveOptions, *, requests_given: bool = True)
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         quantization=args.quantization,
+        kv_cache_dtype=config.kv_cache_dtype,
         host=args.host,
         port=port,
         iteration_log=None,
@@ -568,7 +570,7 @@ def _summary(
     from runs.build import build
     from runs.results import request_row, summarize
 
-    kv_bytes = plan.config.model_spec.kv_bytes_per_token
+    kv_bytes = plan.config.kv_bytes_per_token
     summary = summarize([request_row(r) for r in finished], kv_bytes, status.recovery)
     summary.update(
         finished=len(finished),
@@ -650,7 +652,7 @@ def write_served(
     finished = rebuild(collected.records, {}, [], collected.origin)
     if finished:
         recovery = collected.status.recovery if collected.status is not None else None
-        kv_bytes = plan.config.model_spec.kv_bytes_per_token
+        kv_bytes = plan.config.kv_bytes_per_token
         summary = summarize([request_row(r) for r in finished], kv_bytes, recovery)
         summary.update(build=build(), config={**plan.served(collected.status), **(server or {})})
         summary.update(partial=cause is not None, **({"partial_cause": cause} if cause else {}))

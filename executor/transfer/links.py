@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from executor.model.kv_cache import as_bits
+
 log = logging.getLogger("sangam.kv_transfer")
 
 TRANSPORTS = ("gloo", "nccl")
@@ -98,8 +100,8 @@ class KVPacker:
     def __init__(self, layers: Sequence[Tensor], *, host_staging: bool) -> None:
         if not layers:
             raise ValueError("a KV cache without layers has nothing to move")
-        first = layers[0]
-        self.layers = list(layers)
+        self.layers = [as_bits(layer) for layer in layers]  # FP8 as bytes, bit for bit
+        first = self.layers[0]
         self.page_shape = tuple(first.shape[1:])
         self.dtype = first.dtype
         self.device = first.device

@@ -344,11 +344,12 @@ def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) 
     from executor.model.flashinfer_backend import make_backend, supports, warm_up_kernels
 
     kv_dtype = cache.layers[0].dtype
-    if supports(model.device, model.dtype):
-        warm_up_kernels(model.device, dtype=model.dtype, head_dims=(model.config.shape.head_dim,))
+    if supports(model.device, model.dtype, kv_dtype):
+        head_dims = (model.config.shape.head_dim,)
+        warm_up_kernels(model.device, dtype=model.dtype, kv_dtype=kv_dtype, head_dims=head_dims)
     backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
     runner = ModelRunner(model, cache, backend)
-    if not cuda_graphs or not supports(model.device, model.dtype):
+    if not cuda_graphs or not supports(model.device, model.dtype, kv_dtype):
         return runner
     from executor.model.cuda_graphs import GraphedModelRunner
 

@@ -50,7 +50,7 @@ from executor.control.messages import (
     WorkBatch,
 )
 from executor.control.process_specs import WorkerLaunch, read_spec
-from executor.model.kv_cache import PagedKVCache
+from executor.model.kv_cache import PagedKVCache, kv_dtype
 from executor.proto import sangam_pb2 as pb
 from executor.proto import sangam_pb2_grpc as pb_grpc
 from executor.transfer.links import KVTransfers, LinkConfig, TransferResult, open_store
@@ -284,7 +284,8 @@ def main() -> int:
             pool,
             hand_off=role is Role.PREFILL,
         )
-        cache = PagedKVCache.for_model(pool, model.config, dtype=model.dtype, device=device)
+        dtype = kv_dtype(args.kv_cache_dtype, model.dtype)
+        cache = PagedKVCache.for_model(pool, model.config, dtype=dtype, device=device)
         runner = build_runner(model, cache, cuda_graphs=args.cuda_graphs)
         if transfers is not None:  # staging for the longest sequence a request may have (4096 + 1024)
             transfers.attach(cache.layers, reserve_pages=min(pool.num_free, pages_for(STAGED_TOKENS)))

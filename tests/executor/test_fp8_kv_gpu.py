@@ -1,0 +1,130 @@
+"""`--kv-cache-dtype fp8` through FlashInfer (fa2, bf16 queries over E4M3 pages) on a CUDA device.
+
+NOT YET RUN ON A GPU: written in a session without one, for the next session's GPU call
+(`python -m pytest -q -m gpu tests/executor/test_fp8_kv_gpu.py`). The bounds follow the CPU tests'
+(tests/executor/test_fp8_kv.py): E4M3's unit roundoff 2^-4 for attention over FP8 pages, and at most 32
+times the bf16-KV error for a model's logits.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from executor_helpers import reshaped
+from torch import Tensor
+
+from executor.model.attention import AttentionLayout, TorchAttention
+from executor.model.config import Family, ModelConfig, tiny
+from executor.model.cuda_graphs import GraphedModelRunner
+from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase
+from executor.model.transformer import Transformer
+from sangam.hardware import BLOCK, PAGE, pages_for
+from sangam.kv import PagePool
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not flashinfer_available(), reason="needs flashinfer"),
+]
+
+FP8 = torch.float8_e4m3fn
+HEAD_DIM = 128
+E4M3_ROUNDOFF = 2.0**-4
+FP8_OVER_BF16 = 32
+SAME_INPUTS = 1e-2  # FlashInfer against torch on the same FP8 pages: bf16 arithmetic only
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    assert actual.shape == expected.shape and actual.isfinite().all()
+    return float((actual.float() - expected.float()).abs().mean() / expected.float().abs().mean())
+
+
+def small_config(family: Family) -> ModelConfig:
+    kv_heads = 4 if family is Family.LLADA else 2
+    return reshaped(
+        tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=HEAD_DIM, intermediate=1024
+    )
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (28, 4)], ids=["mha", "dream"])
+def test_flashinfer_over_fp8_pages_is_within_e4m3_roundoff_of_bf16_pages(heads: int, kv_heads: int) -> None:
+    generator = torch.Generator(device="cuda").manual_seed(heads)
+    query_lens, kv_lens = [300, 32, 33, 1000], [300, 531, 900, 1000]
+    tables, used = [], 0
+    for kv_len in kv_lens:
+        tables.append(list(range(used, used + pages_for(kv_len))))
+        used += pages_for(kv_len)
+    layout = AttentionLayout.build(query_lens, kv_lens, tables)
+    kv = torch.randn(
+        used, 2, PAGE, kv_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda", generator=generator
+    )
+    q = torch.randn(
+        sum(query_lens), heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda", generator=generator
+    )
+    fp8_kv = kv.to(FP8)
+
+    half = FlashInferAttention(heads, kv_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    half.plan(layout)
+    fp8 = FlashInferAttention(heads, kv_heads, HEAD_DIM, dtype=torch.bfloat16, kv_dtype=FP8, device="cuda")
+    fp8.plan(layout)
+    torch_fp8 = TorchAttention()  # the CPU path's dequantize-by-cast over the very same pages
+    torch_fp8.plan(layout)
+    actual = fp8.run(q, fp8_kv)
+    assert relative_error(actual, torch_fp8.run(q, fp8_kv)) < SAME_INPUTS
+    assert relative_error(actual, half.run(q, kv)) <= E4M3_ROUNDOFF
+
+
+def model_logits(model: Transformer, kv_dtype: torch.dtype, backend: str) -> Tensor:
+    cache = PagedKVCache.for_model(PagePool(512), model.config, dtype=kv_dtype, device="cuda")
+    attention = (
+        TorchAttention()
+        if backend == "torch"
+        else make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=kv_dtype)
+    )
+    assert backend == "torch" or isinstance(attention, FlashInferAttention)
+    runner = ModelRunner(model, cache, attention)
+    out = []
+    for rid, (prompt, masks) in enumerate([(300, 64), (795, 1024), (40, 32)]):
+        ids = torch.randint(0, model.config.mask_id, (prompt,), generator=torch.Generator().manual_seed(rid))
+        tokens = torch.cat([ids, torch.full((masks,), model.config.mask_id)])
+        cache.pool.allocate(rid, pages_for(len(tokens)))
+        out.append(runner.forward([ForwardItem(rid, Phase.PREFILL, tokens, prompt)]))
+        out.append(runner.forward([ForwardItem(rid, Phase.DECODE, tokens, prompt)]))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_model_on_fp8_kv_stays_within_e4m3_rounding_of_bf16_kv(family: Family) -> None:
+    model = random_model(small_config(family), device="cuda", seed=2, std=0.1)
+    exact = model_logits(copy.deepcopy(model).float(), torch.float32, "torch")
+    bf16 = relative_error(model_logits(model, torch.bfloat16, "flashinfer"), exact)
+    fp8 = relative_error(model_logits(model, FP8, "flashinfer"), exact)
+    print(f"{family.value}: logits' mean relative error, bf16 KV {bf16:.2e}, fp8 KV {fp8:.2e}")
+    assert fp8 <= FP8_OVER_BF16 * bf16
+
+
+def test_graphed_decode_over_fp8_pages_equals_eager_decode() -> None:
+    model = random_model(small_config(Family.LLADA), device="cuda", seed=3, std=0.1)
+    cache = PagedKVCache.for_model(PagePool(512), model.config, dtype=FP8, device="cuda")
+    runner = ModelRunner(model, cache, make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=FP8))
+    tokens = {}
+    for rid in range(4):
+        ids = torch.randint(
+            0, model.config.mask_id, (100 + 37 * rid,), generator=torch.Generator().manual_seed(rid)
+        )
+        tokens[rid] = torch.cat([ids, torch.full((64,), model.config.mask_id)])
+        cache.pool.allocate(rid, pages_for(len(tokens[rid])))
+        runner.forward([ForwardItem(rid, Phase.PREFILL, tokens[rid], 100 + 37 * rid)])
+    graphed = GraphedModelRunner(runner, buckets=(1, 2, 4))
+    assert graphed.captured
+    items = [ForwardItem(rid, Phase.DECODE, tokens[rid], 100 + 37 * rid) for rid in range(3)]
+    replayed = graphed.forward(items)
+    assert replayed.shape == (3, BLOCK, model.config.shape.vocab)
+    assert relative_error(replayed, runner.forward(items)) < SAME_INPUTS
+    graphed.close()

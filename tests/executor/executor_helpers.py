@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from executor.model.checkpoint import checkpoint_names
-from executor.model.config import Family, ModelConfig
+from executor.model.config import Family, ModelConfig, tiny
 from executor.model.microbatch import ForwardItem, Phase
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK
@@ -131,3 +131,17 @@ def committed(item: ForwardItem, seed: int, vocab: int = 50) -> ForwardItem:
     generator = torch.Generator().manual_seed(seed)
     block[picked] = torch.randint(0, vocab, (int(picked.sum()),), generator=generator)
     return ForwardItem(item.request_id, Phase.DECODE, tokens, item.block_start)
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    """Mean absolute difference over the mean magnitude of `expected`, in float32."""
+    assert actual.shape == expected.shape and actual.isfinite().all()
+    return float((actual.float() - expected.float()).abs().mean() / expected.float().abs().mean())
+
+
+def small_config(family: Family, head_dim: int = 128) -> ModelConfig:
+    """A two-layer model with the full-size head_dim: LLaDA keeps MHA, Dream GQA, the bias and the shift."""
+    kv_heads = 4 if family is Family.LLADA else 2
+    return reshaped(
+        tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=head_dim, intermediate=1024
+    )

@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
-from executor_helpers import bits, committed, reshaped
+from executor_helpers import bits, committed, relative_error, reshaped, small_config
 from torch import Tensor
 
 from executor.model import layers
 from executor.model.attention import AttentionLayout, TorchAttention
-from executor.model.config import Family, ModelConfig, tiny
+from executor.model.config import Family, ModelConfig
 from executor.model.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
 from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
 from executor.model.forward import ModelRunner, SlotStore
@@ -31,19 +31,6 @@ pytestmark = [
 DTYPE = torch.bfloat16
 HEAD_DIM = 128  # the head_dim of both full-size models: one FlashInfer JIT module serves every test
 TOLERANCE = 1e-2  # mean relative error of bf16 results computed along different paths
-
-
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    assert actual.shape == expected.shape and actual.isfinite().all()
-    return float((actual.float() - expected.float()).abs().mean() / expected.float().abs().mean())
-
-
-def small_config(family: Family) -> ModelConfig:
-    """A two-layer model with the full-size head_dim: LLaDA keeps MHA, Dream GQA, the bias and the shift."""
-    kv_heads = 4 if family is Family.LLADA else 2
-    return reshaped(
-        tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=HEAD_DIM, intermediate=1024
-    )
 
 
 def sequence(config: ModelConfig, prompt: int, masks: int, seed: int) -> Tensor:

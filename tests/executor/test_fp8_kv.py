@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from executor_helpers import relative_error
 from torch import Tensor
 
 from executor.model.attention import AttentionLayout, TorchAttention
@@ -28,11 +29,6 @@ from sangam.kv import PagePool
 FP8 = torch.float8_e4m3fn
 E4M3_ROUNDOFF = 2.0**-4
 FP8_OVER_BF16 = 32  # twice the ratio of the unit roundoffs (16): the measured 15-26 with margin
-
-
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    assert actual.isfinite().all()
-    return float((actual - expected).abs().mean() / expected.abs().mean())
 
 
 def test_fp8_pages_hold_e4m3_in_half_the_bytes_of_bf16_pages() -> None:

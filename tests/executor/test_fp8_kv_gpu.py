@@ -12,11 +12,11 @@ import copy
 
 import pytest
 import torch
-from executor_helpers import reshaped
+from executor_helpers import relative_error, small_config
 from torch import Tensor
 
 from executor.model.attention import AttentionLayout, TorchAttention
-from executor.model.config import Family, ModelConfig, tiny
+from executor.model.config import Family
 from executor.model.cuda_graphs import GraphedModelRunner
 from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
 from executor.model.forward import ModelRunner
@@ -38,18 +38,6 @@ HEAD_DIM = 128
 E4M3_ROUNDOFF = 2.0**-4
 FP8_OVER_BF16 = 32
 SAME_INPUTS = 1e-2  # FlashInfer against torch on the same FP8 pages: bf16 arithmetic only
-
-
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    assert actual.shape == expected.shape and actual.isfinite().all()
-    return float((actual.float() - expected.float()).abs().mean() / expected.float().abs().mean())
-
-
-def small_config(family: Family) -> ModelConfig:
-    kv_heads = 4 if family is Family.LLADA else 2
-    return reshaped(
-        tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=HEAD_DIM, intermediate=1024
-    )
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (28, 4)], ids=["mha", "dream"])

@@ -163,3 +163,8 @@ def apply() -> None:
 
 
 apply()
+
+if os.environ.get("SANGAM_REF_TIMING_DIR") or os.environ.get("SANGAM_REF_KV_GLOO"):
+    import ref_timing
+
+    ref_timing.install()

@@ -2,7 +2,7 @@
 download (`sangam serve --weights DIR --trust-remote-code`), with streamed chat (issue 28 item 7).
 
     python -m benchmarks.checkpoint_serve write --family llada [--size full] [--device cuda] --dir DIR
-    python -m benchmarks.checkpoint_serve chat --dir DIR [--max-tokens 64 256 ...] [-- SERVE ARGS]
+    python -m benchmarks.checkpoint_serve chat [--dir DIR] [--max-tokens 64 256 ...] [-- SERVE ARGS]
     python -m benchmarks.checkpoint_serve summary PART.json ... [--json FILE]
 
 (`write` and `chat` take `--json FILE` for their part of the results.)
@@ -11,8 +11,9 @@ download (`sangam serve --weights DIR --trust-remote-code`), with streamed chat 
   Dream-7B; `tiny`: the tests' shapes) with weights N(0, 0.02) drawn in bf16 on `--device`, shard by
   shard; then the worker's own loader (`load_checkpoint`, in the worker's dtype) reads it onto the device,
   timed. The files are still in the page cache then: a warm load, no disk read.
-- chat: starts `sangam serve --weights DIR --trust-remote-code` with SERVE ARGS, times its start to the
-  first 200 of /health, then the `openai` client holds one conversation, a streamed turn per
+- chat: starts `sangam serve --weights DIR --trust-remote-code` (without `--dir`: random weights) with
+  SERVE ARGS, times its start to the first 200 of /health, then the `openai` client holds one
+  conversation, a streamed turn per
   `--max-tokens` (each answer goes into the next turn's messages): per turn the time to the first chunk
   (the first block), the gaps between chunks (one per 32-token block), the whole turn, the usage and the
   finish_reason; then SIGTERM, the exit status and the seconds the drain took. Exit status 1 if a turn
@@ -122,15 +123,16 @@ def write(args: argparse.Namespace) -> int:
 def chat(args: argparse.Namespace) -> int:
     import openai  # the benchmark's client only: `write` and `summary` run without it
 
-    family = read_config(args.dir).family
+    family = read_config(args.dir).family.value if args.dir is not None else "random weights"
+    weights = ["--weights", str(args.dir), "--trust-remote-code"] if args.dir is not None else []
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = args.log.with_suffix(".d")
     command = [
-        sys.executable, "-m", "cli.main", "serve", "--weights", str(args.dir), "--trust-remote-code",
-        "--port", str(port), "--log-dir", str(log_dir), *args.serve_args,
+        sys.executable, "-m", "cli.main", "serve", *weights, "--port", str(port), "--log-dir", str(log_dir),
+        *args.serve_args,
     ]  # fmt: skip
-    part: dict[str, Any] = {"family": family.value, "weights": str(args.dir), "command": command[2:]}
+    part: dict[str, Any] = {"family": family, "weights": str(args.dir or "random"), "command": command[2:]}
     turns: list[Turn] = []
     with args.log.open("w") as log:
         started = time.perf_counter()
@@ -313,7 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     writer.add_argument("--seed", type=int, default=0)
     writer.add_argument("--json", type=Path, metavar="FILE")
     chatter = commands.add_parser("chat", help="serve a checkpoint and stream chat turns")
-    chatter.add_argument("--dir", type=Path, required=True, help="the checkpoint's directory")
+    chatter.add_argument(
+        "--dir", type=Path, help="the checkpoint's directory (default: random weights, --model in SERVE ARGS)"
+    )
     chatter.add_argument("--max-tokens", type=int, nargs="+", default=[64, 256, 64, 256])
     chatter.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to a 200 from /health")
     chatter.add_argument("--log", type=Path, default=Path("/tmp/checkpoint-serve.log"),

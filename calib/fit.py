@@ -28,7 +28,7 @@ from typing import Any
 
 from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
-from profiles.testbed import ProgressEntry, Sourced, Testbed
+from profiles.testbed import PagesEntry, ProgressEntry, Sourced, Testbed
 from runs.options import option
 from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import BLOCK
@@ -57,6 +57,10 @@ class FitOptions:
     blocks: tuple[Path, ...] = option(
         (), "instead: live run directories whose blocks.csv give forwards per block (empirical)",
         parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
+    )  # fmt: skip
+    profile: Path | None = option(
+        None, "instead: a directory of `sangam profile` data (e.g. profiles/data/h200-fp8-kvfp8) whose "
+        "iteration times and KV pages the new testbed takes", parse=Path, metavar="DIR",
     )  # fmt: skip
     free: str = option(
         "mean", "free forwards-per-block parameters per model and trace: the mean, mean and spread, or "
@@ -398,6 +402,57 @@ def measured_testbed(base: Testbed, name: str, dirs: Sequence[Path]) -> Testbed:
     return dataclasses.replace(
         base, name=name, version=1, description=f"{base.description} Forwards per block measured live.",
         progress=progress, fit=record,
+    )  # fmt: skip
+
+
+def profiled_testbed(base: Testbed, name: str, directory: Path, data: Path) -> Testbed:
+    """`base` (version 1 of `name`) priced by the `sangam profile` data in `directory` (named relative to
+    `data`, the shipped profile root, when inside it; else by its absolute path), unscaled, with its KV
+    pages: every model measured there, its pages and their dtype as its worker registered them
+    (`<model>.meta.json`); ValueError (one line) without data or for another GPU."""
+    metas = {
+        m.name.removesuffix(".meta.json"): json.loads(m.read_text()) for m in directory.glob("*.meta.json")
+    }
+    measured = {
+        model: meta for model, meta in sorted(metas.items()) if (directory / f"{model}.csv").is_file()
+    }
+    if not measured:
+        raise ValueError(f"--profile {directory}: no <model>.csv with its .meta.json (run sangam profile)")
+    gpus = {str(meta.get("gpu")) for meta in measured.values()}
+    if gpus != {base.gpu}:
+        raise ValueError(
+            f"--profile {directory}: measured on {', '.join(sorted(gpus))}, not {base.name}'s {base.gpu}"
+        )
+    resolved = directory.resolve()
+    where = (
+        str(resolved.relative_to(data.resolve()))
+        if resolved.is_relative_to(data.resolve())
+        else str(resolved)
+    )
+
+    def what(meta: Mapping[str, Any]) -> str:
+        weights = f"{meta.get('quantization')} weights" if meta.get("quantization") else "bf16 weights"
+        return f"{weights}, {meta.get('kv_cache_dtype', 'auto')} KV"
+
+    measured_as = "; ".join(
+        f"{model}: {what(meta)}, {meta.get('grid', {}).get('points')} shapes on "
+        f"{meta.get('device_name')} {meta.get('date')}"
+        for model, meta in measured.items()
+    )
+    pages = "; ".join(
+        f"{model} {meta.get('kv_pages')} pages of {meta.get('kv_cache_dtype', 'auto')} KV"
+        for model, meta in measured.items()
+    )
+    return dataclasses.replace(
+        base, name=name, version=1,
+        description=f"{base.description} Iteration times and KV pages from the profile in {where}.",
+        profile_data=where, profile_models={},
+        profile_source=f"sangam profile, measured: {where}/<model>.meta.json ({measured_as})",
+        kv_pages=PagesEntry(
+            f"the live worker's pages recorded with the profile ({where}/<model>.meta.json kv_pages and "
+            f"kv_cache_dtype: {pages})", {},
+        ),
+        time_scales={}, fit=None,
     )  # fmt: skip
 
 

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from executor.model.kv_cache import PagedKVCache
+from executor.model.kv_cache import PagedKVCache, kv_dtype
 from executor.model.sampler import SamplingParams
 from executor.worker.engine import Engine, Job, build_model, build_runner
 from profiles.shapes import Shape
+from profiles.store import profile_directory
 from runs.tally import Tally, Watcher
 from sangam.batcher import Batcher
 from sangam.budget import BatchConfig, Policy
@@ -65,11 +66,13 @@ class Profiler:
         graphs: bool,
         device: torch.device,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model = build_model(model, weights, device, seed=0, quantization=quantization)
-        self.quantization = quantization
+        self.quantization, self.kv_cache_dtype = quantization, kv_cache_dtype
         self.pool = PagePool(pages)
-        cache = PagedKVCache.for_model(self.pool, self.model.config, dtype=self.model.dtype, device=device)
+        dtype = kv_dtype(kv_cache_dtype, self.model.dtype)
+        cache = PagedKVCache.for_model(self.pool, self.model.config, dtype=dtype, device=device)
         self.runner = build_runner(self.model, cache, cuda_graphs=graphs)
         self.kv_pages = self.pool.num_free  # what the live worker registers
         self.buckets = tuple(getattr(self.runner, "buckets", ())) if graphs else ()
@@ -127,22 +130,21 @@ def run_profile(
     repeats: int = 5,
     watch: Watcher | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> tuple[Path, Path]:
     """Measure the grid on this machine's GPU; write `<out>/<gpu>/<model>.csv` and `.meta.json` (with
-    `quantization`, under `<out>/<gpu>-<quantization>/`). `watch` hears the iteration shapes timed of the
-    grid's."""
-    if not torch.cuda.is_available():
-        raise ValueError("sangam profile needs a CUDA GPU")
+    `quantization` or an FP8 KV cache, under `<out>/<profile_directory>/`), the pages in `kv_cache_dtype`.
+    `watch` hears the iteration shapes timed of the grid's."""
     started = time.time()
-    pages = kv_pages(lookup_model(model), lookup_gpu(gpu))
-    profiler = Profiler(model, weights, pages, graphs, torch.device("cuda"), quantization)
+    pages = kv_pages(lookup_model(model), lookup_gpu(gpu), kv_dtype=kv_cache_dtype)
+    profiler = Profiler(model, weights, pages, graphs, profile_device(), quantization, kv_cache_dtype)
     shapes = grid(profiler.kv_pages)
     rows: list[tuple[str, float]] = []
     for shape in shapes:
         if watch is not None:
             watch(Tally(len(rows), len(shapes)))
         rows.append((shape.format(), profiler.time(shape, warmup=1, repeats=repeats)))
-    data = out / profile_directory(gpu, quantization) / f"{model}.csv"
+    data = out / profile_directory(gpu, quantization, kv_cache_dtype) / f"{model}.csv"
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -155,9 +157,11 @@ def run_profile(
     return data, meta
 
 
-def profile_directory(gpu: str, quantization: str | None) -> str:
-    """Where a profile of `gpu` lives under the data root: `h200`, or `h200-fp8` for a quantized model."""
-    return gpu if quantization is None else f"{gpu}-{quantization}"
+def profile_device() -> torch.device:
+    """The GPU a profile times; ValueError (one line) without one."""
+    if not torch.cuda.is_available():
+        raise ValueError("sangam profile needs a CUDA GPU")
+    return torch.device("cuda")
 
 
 def metadata(
@@ -166,9 +170,10 @@ def metadata(
     return {
         "model": model,
         "gpu": gpu,
-        "device_name": torch.cuda.get_device_name(),
+        "device_name": _device_name(profiler.model.device),
         "weights": weights,
         "quantization": profiler.quantization,
+        "kv_cache_dtype": profiler.kv_cache_dtype,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "flashinfer": _version("flashinfer"),
@@ -178,10 +183,14 @@ def metadata(
         "grid": {"points": points, "prefills": PREFILLS, "batches": BATCHES, "contexts": CONTEXTS},
         "timing": f"median of {repeats} Engine.step() wall times after 1 warm-up, each after the filler",
         "filler": [shape.format() for shape in FILLER],
-        "kv_pages": profiler.kv_pages,
+        "kv_pages": profiler.kv_pages,  # of `kv_cache_dtype`
         "graph_buckets": list(profiler.buckets),
         "measured_seconds": round(time.time() - started, 1),
     }
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def _version(module: str) -> str | None:

@@ -27,17 +27,21 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calib.fit import FitOptions, fit_targets, fitted_testbed, measured_testbed
+    from calib.fit import FitOptions, fit_targets, fitted_testbed, measured_testbed, profiled_testbed
     from calib.targets import read_targets
+    from profiles.store import DATA
     from profiles.testbeds import choose_testbed, new_testbed_file, write_testbed
 
     options = collect(FitOptions, args)
     blocks = list(options.blocks)
-    if (options.targets is None) == (not blocks):
-        raise ValueError("give either --targets CSV or --blocks DIR...")
+    if [options.targets is not None, bool(blocks), options.profile is not None].count(True) != 1:
+        raise ValueError("give one of --targets CSV, --blocks DIR... or --profile DIR")
     base = choose_testbed(args.testbed, None)
     name, out = new_testbed_file(options.name, options.out, base.name)
-    if blocks:
+    if options.profile is not None:
+        testbed = profiled_testbed(base, name, options.profile, DATA)
+        print(testbed.kv_pages.source)
+    elif blocks:
         testbed = measured_testbed(base, name, blocks)
         for (model, trace), entry in testbed.progress.items():
             if entry.spec.startswith("counts:"):

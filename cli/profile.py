@@ -29,22 +29,23 @@ class ProfileOptions:
 
 def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(name, help="measure iteration times of our worker on this GPU and fit them")
-    add_options(parser, RunConfig, only=("model", "gpu"), defaults={"gpu": "h200"})
+    add_options(parser, RunConfig, only=("model", "gpu", "kv_cache_dtype"), defaults={"gpu": "h200"})
     add_options(parser, ProfileOptions)
     add_options(parser, LiveOptions, only=("quantization",))
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiles.store import DATA, load_profile, load_profile_dir, merge_log
+    from profiles.store import DATA, load_profile, load_profile_dir, merge_log, profile_directory
 
-    model, gpu = args.model, args.gpu
+    model, gpu, kv_cache_dtype = args.model, args.gpu, args.kv_cache_dtype
     options = collect(ProfileOptions, args)
     quantization = collect(LiveOptions, args).quantization
     root = options.out or DATA
     if options.from_log:
-        if quantization is not None:
+        if quantization is not None or kv_cache_dtype != "auto":
             raise SystemExit(
-                "sangam profile: --from-log refits bf16 profiles; --quantization is for measuring"
+                "sangam profile: --from-log refits bf16 profiles; --quantization and --kv-cache-dtype are "
+                "for measuring"
             )
         merge_log(model, gpu, list(options.from_log), root)
     else:
@@ -55,12 +56,12 @@ def run(args: argparse.Namespace) -> int:
             data, _ = measure(
                 model, gpu, root, weights=options.weights, graphs=options.cuda_graphs,
                 repeats=options.repeats, watch=watch, quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
             )  # fmt: skip
         print(f"wrote {data}")
-    if quantization is not None:  # its own directory (h200-fp8), fitted as a profile of the GPU it ran on
-        from calib.profile_runner import profile_directory
-
-        profile = load_profile_dir(model, profile_directory(gpu, quantization), gpu, root)
+    directory = profile_directory(gpu, quantization, kv_cache_dtype)
+    if directory != gpu:  # its own directory (h200-fp8-kvfp8), fitted as a profile of the GPU it ran on
+        profile = load_profile_dir(model, directory, gpu, root)
     else:
         profile = load_profile(model, gpu, root)
     assert profile is not None

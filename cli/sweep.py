@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # sim is imported when a command runs, not when the parser is
     from sim.sweep import GridOptions, Point
 
 FIXED = ("gpu", "gpus", "num_requests", "arrival_cv", "mask_len", "prefill_budget", "policy", "max_decodes",
-         "pages")  # fmt: skip
+         "pages", "kv_cache_dtype")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,17 @@ class Profile:
         pages = self.meta.get("kv_pages")
         return int(pages) if pages is not None else None
 
+    @property
+    def kv_cache_dtype(self) -> str:
+        """What its worker's KV pages stored (`--kv-cache-dtype`; profiles before the flag: auto)."""
+        return str(self.meta.get("kv_cache_dtype", "auto"))
+
+    @property
+    def peer(self) -> str | None:
+        """The other implementation whose executor it timed (the reference's), None for ours."""
+        peer = self.meta.get("peer")
+        return str(peer) if peer is not None else None
+
 
 def default_cost_model(model: str, gpu: str) -> tuple[CostModel, str, Profile | None]:
     """What `sangam sim` prices iterations with: the (measured or derived) profile, else analytic."""
@@ -66,6 +77,15 @@ def default_cost_model(model: str, gpu: str) -> tuple[CostModel, str, Profile | 
 def paths(model: str, gpu: str, root: Path = DATA) -> tuple[Path, Path, Path]:
     base = root / gpu / model
     return base.with_suffix(".csv"), base.with_suffix(".meta.json"), base.with_suffix(".fit.json")
+
+
+def profile_directory(gpu: str, quantization: str | None, kv_cache_dtype: str = "auto") -> str:
+    """Where a profile of `gpu` lives under the data root: `h200`; `h200-fp8` for FP8 weights, `h200-kvfp8`
+    for an FP8 KV cache, `h200-fp8-kvfp8` for both."""
+    suffixes = [quantization] if quantization is not None else []
+    if kv_cache_dtype != "auto":
+        suffixes.append(f"kv{kv_cache_dtype}")
+    return "-".join([gpu, *suffixes])
 
 
 def live_seconds(row: dict[str, str]) -> float:

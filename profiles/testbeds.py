@@ -141,16 +141,23 @@ def looped_cost_model(testbed: Testbed, cost: CostModel, name: str) -> tuple[Cos
 def testbed_config(
     testbed: Testbed, base: RunConfig, profile: Profile | None, given: Mapping[str, Any]
 ) -> RunConfig:
-    """`base` on the testbed: its GPU, its KV pages (else the profile's live worker's; both bf16 pages,
-    converted to `base.kv_cache_dtype`'s in the same memory) and its arrival clip, except where `given`
-    (the flags given explicitly: pages, arrival_clip, arrival_cv) says."""
+    """`base` on the testbed: its GPU, its KV pages (else the profile's live worker's; bf16 pages, or the
+    profile's FP8 ones where it was measured with an FP8 KV cache, converted to `base.kv_cache_dtype`'s in
+    the same memory) and its arrival clip, except where `given` (the flags given explicitly: pages,
+    arrival_clip, arrival_cv) says. ValueError (one line) for an FP8 KV cache on a testbed of the
+    reference implementation, which has none."""
+    if base.kv_cache_dtype != "auto" and profile is not None and profile.peer is not None:
+        raise ValueError(
+            f"testbed {testbed.name} prices the reference implementation ({profile.peer}), which has no "
+            f"{base.kv_cache_dtype} KV cache: --kv-cache-dtype {base.kv_cache_dtype} needs a sangam-* testbed"
+        )
     pages = given.get("pages")
     if pages is None:
-        pages = testbed.pages(base.model)
+        pages, stored = testbed.pages(base.model), "auto"
         if pages is None and profile is not None:
-            pages = profile.kv_pages
+            pages, stored = profile.kv_pages, profile.kv_cache_dtype
         if pages is not None:
-            pages = pages_in_kv_dtype(pages, base.kv_cache_dtype)
+            pages = pages_in_kv_dtype(pages, base.kv_cache_dtype, stored)
     clip = given.get("arrival_clip")
     if clip is None and given.get("arrival_cv") is None:
         clip = testbed.arrival.clip

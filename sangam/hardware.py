@@ -95,10 +95,10 @@ def kv_pages(model: ModelSpec, gpu: GPUSpec, workers_per_gpu: int = 1, kv_dtype:
     return max(int(free // workers_per_gpu // model.page_bytes(kv_dtype)), 0)
 
 
-def pages_in_kv_dtype(bf16_pages: int, kv_dtype: str) -> int:
-    """The pages of `kv_dtype` that the memory of `bf16_pages` bf16 pages holds (a testbed's or a
-    profile's pages are its bf16 worker's)."""
-    return bf16_pages * KV_DTYPE_BYTES["auto"] // KV_DTYPE_BYTES[kv_dtype]
+def pages_in_kv_dtype(pages: int, kv_dtype: str, stored: str = "auto") -> int:
+    """The pages of `kv_dtype` that the memory of `pages` pages of `stored` holds (a testbed's or a
+    profile's pages are its worker's, bf16 unless its profile was measured with an FP8 KV cache)."""
+    return pages * KV_DTYPE_BYTES[stored] // KV_DTYPE_BYTES[kv_dtype]
 
 
 def lookup_model(name: str) -> ModelSpec:

@@ -1,0 +1,179 @@
+"""An FP8 profile (`sangam profile --quantization fp8 --kv-cache-dtype fp8`) on CPU, compared with the
+reference's peer grid, made into a testbed by `sangam fit --profile`, and simulated: its FP8 pages are
+not doubled again, and the reference's testbeds refuse an FP8 KV cache."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import peer_profile
+from calib import profile_runner
+from cli.main import main
+from executor.worker.engine import build_model
+from profiles.shapes import Shape
+from profiles.store import DATA, profile_directory, read_samples
+from sangam.hardware import kv_pages, lookup_gpu, lookup_model
+
+REFERENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "peer-h200"
+LLADA_BF16_PAGES = kv_pages(lookup_model("llada-8b"), lookup_gpu("h200"))
+LLADA_FP8_PAGES = kv_pages(lookup_model("llada-8b"), lookup_gpu("h200"), kv_dtype="fp8")
+
+
+def test_each_kind_of_profile_has_its_own_directory() -> None:
+    assert profile_directory("h200", None) == "h200"
+    assert profile_directory("h200", "fp8") == "h200-fp8"
+    assert profile_directory("h200", None, "fp8") == "h200-kvfp8"
+    assert profile_directory("h200", "fp8", "fp8") == "h200-fp8-kvfp8"
+
+
+def test_profile_takes_the_kv_cache_dtype_and_refits_from_logs_only_in_bf16(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.main import UsageError, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["profile"]).kv_cache_dtype == "auto"
+    assert parser.parse_args(["profile", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+    with pytest.raises(UsageError, match="invalid choice: 'fp16'"):
+        parser.parse_args(["profile", "--kv-cache-dtype", "fp16"])
+    with pytest.raises(SystemExit, match="--from-log refits bf16 profiles"):
+        main(["profile", "--kv-cache-dtype", "fp8", "--from-log", "x.csv"])
+
+
+def test_the_fp8_grid_holds_every_shape_of_the_reference_peer_profile() -> None:
+    """`peer_profile.py compare --ours <fp8 csv>` sets the reference's bf16 times beside every shape."""
+    ours = {shape.format() for shape in profile_runner.grid(LLADA_FP8_PAGES)}
+    for model in ("llada-8b", "dream-7b"):
+        reference = [shape.format() for shape, _ in read_samples(REFERENCE / f"reference-{model}.csv")]
+        assert len(reference) >= 90 and set(reference) <= ours, model
+    assert LLADA_FP8_PAGES == 2 * LLADA_BF16_PAGES + 1  # the floor of twice the quotient
+
+
+def small_cpu_profile(monkeypatch: pytest.MonkeyPatch, root: Path, kv_cache_dtype: str) -> tuple[Path, Path]:
+    """`run_profile` as `sangam profile` calls it, on CPU with the tiny twin over three shapes."""
+    shapes = [Shape((256,), ()), Shape((), (300, 1819)), Shape((512,), (1819,))]
+    monkeypatch.setattr(profile_runner, "profile_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(
+        profile_runner, "build_model", lambda name, *a, **k: build_model("tiny-llada", *a, **k)
+    )
+    monkeypatch.setattr(profile_runner, "grid", lambda capacity: shapes)
+    return profile_runner.run_profile(
+        "llada-8b", "h200", root, repeats=1, quantization="fp8", kv_cache_dtype=kv_cache_dtype
+    )
+
+
+def test_an_fp8_kv_profile_stores_fp8_pages_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    torch.set_num_threads(1)
+    caches = []
+    real = profile_runner.PagedKVCache.for_model
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        caches.append(real(*args, **kwargs))
+        return caches[-1]
+
+    monkeypatch.setattr(profile_runner.PagedKVCache, "for_model", spy)
+    data, meta_path = small_cpu_profile(monkeypatch, tmp_path, "fp8")
+    assert data == tmp_path / "h200-fp8-kvfp8" / "llada-8b.csv"
+    assert caches[-1].layers[0].dtype == torch.float8_e4m3fn
+    meta = json.loads(meta_path.read_text())
+    assert (meta["quantization"], meta["kv_cache_dtype"]) == ("fp8", "fp8")
+    assert meta["kv_pages"] == LLADA_FP8_PAGES and meta["device_name"] == "cpu"
+    assert [shape.format() for shape, _ in read_samples(data)] == ["p:256:256", "d:32:300;d:32:1819",
+                                                                   "p:512:512;d:32:1819"]  # fmt: skip
+    _, bf16_meta = small_cpu_profile(monkeypatch, tmp_path, "auto")
+    assert json.loads(bf16_meta.read_text())["kv_pages"] == LLADA_BF16_PAGES
+    assert caches[-1].layers[0].dtype == torch.float32  # the CPU model's own
+
+
+def test_compare_reads_a_profile_csv_against_the_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Our CSV (every grid shape, written as `run_profile` writes it) at half the reference's times."""
+    reference = REFERENCE / "reference-llada-8b.csv"
+    times = dict((shape.format(), seconds) for shape, seconds in read_samples(reference))
+    ours = tmp_path / "llada-8b.csv"
+    with ours.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["items", "seconds"])
+        for shape in profile_runner.grid(LLADA_FP8_PAGES):
+            items = shape.format()
+            writer.writerow([items, f"{times.get(items, 1.0) / 2:.6e}"])
+    assert peer_profile.main(["compare", "--ours", str(ours), "--reference", str(reference)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last == ["all", str(len(times)), "2.00", "2.00", "2.00"]
+
+
+def fp8_profile_dir(tmp_path: Path) -> Path:
+    """Our measured H200 LLaDA profile, relabelled as measured with FP8 weights and an FP8 KV cache."""
+    directory = tmp_path / "h200-fp8-kvfp8"
+    directory.mkdir()
+    shutil.copy(DATA / "h200" / "llada-8b.csv", directory)
+    meta = json.loads((DATA / "h200" / "llada-8b.meta.json").read_text())
+    meta.update(quantization="fp8", kv_cache_dtype="fp8", kv_pages=LLADA_FP8_PAGES)
+    (directory / "llada-8b.meta.json").write_text(json.dumps(meta))
+    return directory
+
+
+def sim_pages(tmp_path: Path, testbed: str, *flags: str) -> tuple[int, str]:
+    out = tmp_path / "sim"
+    shutil.rmtree(out, ignore_errors=True)
+    assert (
+        main(
+            ["sim", "--testbed", testbed, "--mode", "1C", "-n", "10", "--qps", "1", *flags, "--out", str(out)]
+        )
+        == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["config"]["kv_pages"], summary["cost_model"]
+
+
+def test_fit_makes_an_fp8_testbed_whose_fp8_pages_are_not_doubled_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = fp8_profile_dir(tmp_path)
+    out = tmp_path / "beds"
+    args = ["fit", "--profile", str(directory), "--testbed", "sangam-h200", "--name", "sangam-h200-fp8"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert f"llada-8b {LLADA_FP8_PAGES} pages of fp8 KV" in capsys.readouterr().out
+    testbed = out / "sangam-h200-fp8.json"
+    raw = json.loads(testbed.read_text())
+    assert raw["profile"]["data"] == str(directory) and raw["version"] == 1 and "fit" not in raw
+    assert "fp8 weights, fp8 KV" in raw["profile"]["source"]
+    pages, cost = sim_pages(tmp_path, str(testbed), "--kv-cache-dtype", "fp8")
+    assert pages == LLADA_FP8_PAGES and str(directory) in cost  # priced by the FP8 profile
+    assert sim_pages(tmp_path, str(testbed))[0] == LLADA_FP8_PAGES // 2  # bf16 pages in the same memory
+    # the shipped bf16 testbed's pages (its profile's live worker's) still double
+    shipped = json.loads((DATA / "h200" / "llada-8b.meta.json").read_text())["kv_pages"]
+    assert sim_pages(tmp_path, "sangam-h200", "--kv-cache-dtype", "fp8")[0] == 2 * shipped
+
+
+def test_fit_profile_needs_data_of_the_base_testbeds_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["fit", "--testbed", "sangam-h100", "--out", str(tmp_path)]
+    assert main([*args, "--profile", str(tmp_path)]) == 2
+    assert "no <model>.csv with its .meta.json" in capsys.readouterr().err
+    assert main([*args, "--profile", str(fp8_profile_dir(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "measured on h200, not sangam-h100's h100" in err and err.count("\n") == 1
+    assert main([*args, "--profile", str(tmp_path), "--blocks", str(tmp_path)]) == 2
+    assert "give one of --targets CSV, --blocks DIR... or --profile DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("testbed", ["reference-h200", "reference-h100", "paper-h100"])
+def test_the_reference_testbeds_refuse_an_fp8_kv_cache_in_one_line(
+    testbed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "--testbed", testbed, "--mode", "1C", "-n", "5", "--kv-cache-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"testbed {testbed} prices the reference implementation (UT-InfraAI/sangam)" in err
+    assert "--kv-cache-dtype fp8 needs a sangam-* testbed" in err

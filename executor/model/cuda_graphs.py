@@ -53,7 +53,7 @@ from executor.model.flashinfer_backend import (
     supports,
 )
 from executor.model.forward import ModelRunner, PagedAttention
-from executor.model.kv_cache import KVSlots, PagedKVCache
+from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, Phase
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
@@ -349,7 +349,7 @@ class GraphedModelRunner:
         self.dummy_pages = self.cache.pool.allocate(PADDING_OWNER, DUMMY_PAGES)
         pages = torch.tensor(self.dummy_pages, device=device)
         for layer in self.cache.layers:  # padding attends to these before any real K/V: keep them finite
-            layer.index_fill_(0, pages, 0)
+            as_bits(layer).index_fill_(0, pages, 0)  # all-zero bits are 0.0 in FP8 too
         start = time.perf_counter()
         self._workspace = (
             torch.empty(self._workspace_bytes(self.buckets[-1]), dtype=torch.uint8, device=device)

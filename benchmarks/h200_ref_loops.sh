@@ -10,7 +10,7 @@
 # ref-loops-logs.tgz (the shim's logs, the phase marks, the servers' logs, the client results, the plans)
 # and ours-1p1d.tgz.
 # Carried, ignored: .whl and .peer as for h200_ref_replay.sh; .jit (optional) an earlier JIT cache.
-# Environment: BATCHES (1,2,4,8,16,32,64), FORWARDS ("8 16"), TAU (the colocated launcher's
+# Environment: PARTS (any of: colocated hybrid ours; all three), BATCHES (1,2,4,8,16,32,64), FORWARDS ("8 16"), TAU (the colocated launcher's
 # --max-tokens-per-iteration: 8192, so that B requests reach decode together), COLO_PAGES (4096),
 # HYB_PAGES (per hybrid worker; 2048), GRAPHS (captured decode batch sizes; 1,2,4,8,16,32,64),
 # READY_LIMIT (330), BUDGET (585: each step's limit is cut to what is left, a step with less than 20 s
@@ -25,6 +25,7 @@ MODE=${1:-run}
 BATCHES=${BATCHES:-1,2,4,8,16,32,64}; FORWARDS=${FORWARDS:-8 16}; TAU=${TAU:-8192}; SEED=${SEED:-7}
 COLO_PAGES=${COLO_PAGES:-4096}; HYB_PAGES=${HYB_PAGES:-2048}; GRAPHS=${GRAPHS:-1,2,4,8,16,32,64}
 READY_LIMIT=${READY_LIMIT:-330}; BUDGET=${BUDGET:-585}; HYB_MASK=256; HYB_D=8
+PARTS=${PARTS:-colocated hybrid ours}
 OUT=${OUT:-/tmp/ref-loops-out}; mkdir -p "$OUT"
 REPO=$PWD; REF=${REF:-/tmp/ref/sangam-reference/src}; CKPT=/tmp/llada-8b-random; W=/tmp/ref-loops
 SHIM="$REPO/benchmarks/refpeer/shim"; REFPATH="/tmp/site:$REF:${REFDEPS:+$REFDEPS:}$SHIM"
@@ -108,10 +109,13 @@ say "start both launchers (logs: colocated-server.log, hybrid-server.log)"
 (cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/colocated" \
     python3 -P -m sangam.entrypoints.launch --model "$CKPT" "${COLO_ARGS[@]}") > "$W/colocated-server.log" 2>&1 &
 COLO=$!
-(cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/hybrid" \
-    SANGAM_REF_KV_GLOO=1 python3 -P -m sangam.entrypoints.launch --model "$CKPT" "${HYB_ARGS[@]}") \
-    > "$W/hybrid-server.log" 2>&1 &
-HYB=$!
+HYB=""
+if [[ $PARTS == *hybrid* ]]; then
+    (cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/hybrid" \
+        SANGAM_REF_KV_GLOO=1 python3 -P -m sangam.entrypoints.launch --model "$CKPT" "${HYB_ARGS[@]}") \
+        > "$W/hybrid-server.log" 2>&1 &
+    HYB=$!
+fi
 
 first=(--wait-ready "$READY_LIMIT" --watch-pid "$COLO" --warmup 2)
 for d in $FORWARDS; do
@@ -128,7 +132,7 @@ done
 say "stop the colocated launcher"; stop "$COLO"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee -a "$LOG"
 
-if kill -0 "$HYB" 2>/dev/null; then
+if [[ -n $HYB ]] && kill -0 "$HYB" 2>/dev/null; then
     mark burst start
     step "hybrid burst" $((READY_LIMIT + 60)) "${CLIENT[@]}" --trace "$W/plans/burst.csv" --quota 32 \
         --json "$W/clients/hybrid-burst.json" --port $HYB_PORT --wait-ready "$READY_LIMIT" --watch-pid "$HYB" --warmup 1
@@ -137,10 +141,10 @@ if kill -0 "$HYB" 2>/dev/null; then
     step "hybrid trace" 150 "${CLIENT[@]}" --trace "$W/plans/hybrid.csv" --quota $((32 / HYB_D)) \
         --json "$W/clients/hybrid-trace.json" --port $HYB_PORT
     mark "hybrid-D$HYB_D" end
-else
+elif [[ -n $HYB ]]; then
     say "the hybrid launcher is gone"
 fi
-say "stop the hybrid launcher"; stop "$HYB"
+[[ -n $HYB ]] && { say "stop the hybrid launcher"; stop "$HYB"; }
 grep -ihE "error|traceback|refpeer shims|Captured|Registered|Initialized" "$W"/*-server.log | head -n 30 | tee -a "$LOG"
 rm -rf "$CKPT"
 
@@ -158,7 +162,7 @@ done
 tar czf "$OUT/ref-loops-logs.tgz" -C "$W" . && say "logs: $(du -h "$OUT/ref-loops-logs.tgz" | cut -f1)"
 
 trace_n=$(($(wc -l < "$W/plans/hybrid.csv") - 1))
-step "ours 1P1D" 200 python3 -m cli.main live --mode 1P1D --gpus 0,0 --gpu h200 --model llada-8b \
+[[ $PARTS == *ours* ]] && step "ours 1P1D" 200 python3 -m cli.main live --mode 1P1D --gpus 0,0 --gpu h200 --model llada-8b \
     --trace "$W/plans/hybrid.csv" -n "$trace_n" --qps 1 --mask-len $HYB_MASK --pages "$HYB_PAGES" \
     --progress "fixed:$HYB_D" --seed "$SEED" --startup-timeout 120 --stall-timeout 60 \
     --out /tmp/ours-1p1d --log-dir /tmp/ours-1p1d-logs

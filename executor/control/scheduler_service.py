@@ -179,6 +179,9 @@ class SchedulerCore:
         )
         self.state.iteration_log = IterationLog(iteration_log) if iteration_log is not None else None
         self.stopped = threading.Event()
+        # every worker registered and linked: requests are accepted (the state is complete a moment earlier,
+        # before the last link exists, and a request placed then would have no link to go out on)
+        self.linked = threading.Event()
         self.on_ready: Callable[[], None] = lambda: None
         self.on_failure: Callable[[], None] = lambda: None
         self._links_lock = threading.Lock()
@@ -249,6 +252,8 @@ class SchedulerCore:
             self.links[reg.worker_id] = link
             self._thread(self._send_loop, f"enqueue-{reg.worker_id}", link)
             complete = self.state.complete
+            if complete:
+                self.linked.set()
         if old is not None:  # a new process of a lost worker
             self._post(self.state.on_worker_joined, reg.worker_id)
         elif complete:
@@ -262,7 +267,7 @@ class SchedulerCore:
             return f"the cluster has failed: {self.state.failure}"
         if self.stopped.is_set():
             return "the scheduler is shutting down"
-        if not self.state.complete:
+        if not self.linked.is_set():
             expected = self.state.layout.num_workers
             return f"waiting for workers: {len(self.state.workers)} of {expected} registered"
         return None

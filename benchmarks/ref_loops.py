@@ -247,6 +247,26 @@ def iteration_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def loop_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per D and exact decodes of the decode-only iterations: medians of what the loop spends beyond the GPU
+    call (wall - gpu), of its report (build and blocking call) and of the rest (the difference), in ms."""
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r["prefills"]:
+            groups[(r["D"], r["decodes"])].append(r)
+    return [
+        {
+            "D": d,
+            "decodes": n,
+            "n": len(rs),
+            "beyond_gpu": statistics.median(r["wall"] - r["gpu"] for r in rs),
+            "report": statistics.median(r["report_rpc"] + r["report_build"] for r in rs),
+            "rest": statistics.median(r["wall"] - r["gpu"] - r["report_rpc"] - r["report_build"] for r in rs),
+        }
+        for (d, n), rs in sorted(groups.items())
+    ]
+
+
 def block_gaps(events: list[dict[str, Any]], phases: list[Phase]) -> list[dict[str, Any]]:
     """Per block finished in decode and followed by its request's next block: its last forward's end (the
     GPU call that completed it) -> the next block's EnqueueRequest at the worker -> that block's prefill GPU
@@ -274,6 +294,7 @@ def block_gaps(events: list[dict[str, Any]], phases: list[Phase]) -> list[dict[s
             continue
         gaps.append(
             {
+                "phase": phase.name if phase else "",
                 "D": d,
                 "gap": (t_next - t_done) / MS,
                 "to_enqueue": (t_enq - t_done) / MS,
@@ -339,6 +360,8 @@ def transfers(by_process: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             handoff.append((min(later) - tr["t0"]) / MS)
     gbps = [s["bytes"] / (s["t1"] - s["t0"]) for s in sends if s["t1"] > s["t0"]]
     return {
+        "prefill_end_to_send_ms": stats(prefill_end_to_send(events)),
+        **received_to_admitted(events),
         "trigger_ms": stats((t["t1"] - t["t0"]) / MS for t in triggers),
         "trigger_handled_ms": stats((e["t1"] - e["t0"]) / MS for e in events if e["ev"] == "trigger_rpc"),
         "coordinate_ms": stats((c["t1"] - c["t0"]) / MS for c in coords),
@@ -355,6 +378,44 @@ def transfers(by_process: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             name: stats((e["t1"] - e["t0"]) / MS for e in events if e.get("handler") == name)
             for name in sorted({e["handler"] for e in events if e["ev"] == "handler"})
         },
+    }
+
+
+def prefill_end_to_send(events: list[dict[str, Any]]) -> list[float]:
+    """Per transfer: from the end of the prefill batch that made its KV (its report sent) to its send's start,
+    in ms."""
+    batch_end = {
+        (rid, block): e["t1"] for e in events if e["ev"] == "pbatch" for rid, block, _ in e["prefills"]
+    }
+    out = []
+    for c in (e for e in events if e["ev"] == "coord"):
+        end = batch_end.get((c["rid"], c["block"]))
+        starts = [
+            s["t0"] for s in events if s["ev"] == "send" and s["rid"] == c["rid"] and s["t0"] >= c["t0"]
+        ]
+        if end is not None and starts:
+            out.append((min(starts) - end) / MS)
+    return out
+
+
+def received_to_admitted(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """From a block's KV received to the decode worker admitting it, in ms, split by whether the worker was
+    inside an iteration when the KV landed (busy) or waiting for work (idle)."""
+    iters = [(e["t0"], e["t1"]) for e in events if e["ev"] == "iter"]
+    admitted: dict[str, list[int]] = defaultdict(list)
+    for e in events:
+        if e["ev"] == "iter":
+            for rid, _, t in e["before"].get("admitted", []):
+                admitted[rid].append(t)
+    waits: dict[bool, list[float]] = {False: [], True: []}
+    for r in (e for e in events if e["ev"] == "recv"):
+        later = [t for t in admitted.get(r["rid"], []) if t >= r["t1"]]
+        if later:
+            busy = any(t0 < r["t1"] < t1 for t0, t1 in iters)
+            waits[busy].append((min(later) - r["t1"]) / MS)
+    return {
+        "received_to_admitted_idle_ms": stats(waits[False]),
+        "received_to_admitted_busy_ms": stats(waits[True]),
     }
 
 
@@ -388,15 +449,47 @@ def prefill_comparison(rows: list[dict[str, Any]], profile: Any) -> list[dict[st
     return out
 
 
+def gpu_over_profile(events: list[dict[str, Any]], phases: list[Phase], profile: Any) -> dict[str, Any]:
+    """Per iteration kind (prefill, decode, mixed): each GPU call of a worker (colocated `iter` or prefill
+    `pbatch`) inside a plan's phase over the profile's time for the same microbatch (a decode's sequence is
+    its latest prefill's tokens)."""
+    from sangam.batcher import Microbatch
+
+    seq: dict[str, int] = {}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e["ev"] not in ("iter", "pbatch") or not e["gpu"]:
+            continue
+        for rid, _, tokens in e["prefills"]:
+            seq[rid] = tokens
+        if not any(p.holds(e["t0"]) for p in phases) or any(
+            rid not in seq for rid, _ in e.get("decodes", [])
+        ):
+            continue
+        decodes = tuple(_request(seq[rid]) for rid, _ in e.get("decodes", []))
+        prefills = tuple(_request(tokens) for _, _, tokens in e["prefills"])
+        mb = Microbatch(decodes, prefills, waiting=0, deficit_before=0, budget=0.0, deficit_after=0)
+        kind = "mixed" if decodes and prefills else "prefill" if prefills else "decode"
+        ratios[kind].append((e["gpu"]["t1"] - e["gpu"]["t0"]) / 1e9 / profile.cost_model().seconds(mb))
+    return {kind: stats(rs) for kind, rs in sorted(ratios.items())}
+
+
+def _request(tokens: int) -> Any:
+    """A request whose every prefill runs over `tokens` tokens (one 32-token block)."""
+    from sangam.request import Request
+
+    return Request(0, 0.0, tokens - 32, 32, 32, (1,))
+
+
 def profile_prefill_ms(profile: Any, tokens: int) -> float:
     """The profile's time of one prefill over `tokens` tokens (NaN without a profile)."""
     if profile is None:
         return math.nan
     from sangam.batcher import Microbatch
-    from sangam.request import Request
 
-    req = Request(0, 0.0, tokens - 32, 32, 32, (1,))
-    mb = Microbatch(decodes=(), prefills=(req,), waiting=0, deficit_before=0, budget=0.0, deficit_after=0)
+    mb = Microbatch(
+        decodes=(), prefills=(_request(tokens),), waiting=0, deficit_before=0, budget=0.0, deficit_after=0
+    )
     return float(profile.cost_model().seconds(mb)) * 1000
 
 
@@ -411,12 +504,19 @@ def analyze_logs(logs: Path, profile: Any) -> dict[str, Any]:
     worker = colocated.get("colocated-0", [])
     if worker:
         rows = colocated_iterations(worker, phases)
+        gaps = block_gaps(worker, phases)
         result["colocated"] = {
             "iterations": iteration_table(rows),
+            "loop_points": loop_points(rows),
             "block_gaps": {
                 str(d): {k: stats(g[k] for g in gs) for k in ("gap", "to_enqueue", "enqueue_to_prefill")}
-                for d, gs in sorted(_by(block_gaps(worker, phases), "D").items())
+                for d, gs in sorted(_by(gaps, "D").items())
             },
+            "block_gaps_by_phase": {
+                name: {k: stats(g[k] for g in gs) for k in ("gap", "to_enqueue", "enqueue_to_prefill")}
+                for name, gs in _by(gaps, "phase").items()
+            },
+            "gpu_over_profile": gpu_over_profile(worker, phases, profile) if profile else {},
             "capture_s": {
                 str(e["batch_size"]): (e["t1"] - e["t0"]) / 1e9 for e in worker if e["ev"] == "capture"
             },
@@ -424,7 +524,15 @@ def analyze_logs(logs: Path, profile: Any) -> dict[str, Any]:
     hybrid = read_events(logs / "hybrid") if (logs / "hybrid").is_dir() else {}
     if hybrid:
         prefills = prefill_rows(hybrid.get("prefill-0", []), phases)
-        result["hybrid"] = {"transfers": transfers(hybrid), "prefills": prefill_comparison(prefills, profile)}
+        result["hybrid"] = {
+            "transfers": transfers(hybrid),
+            "prefills": prefill_comparison(prefills, profile),
+            "burst_gpu_over_profile": gpu_over_profile(
+                hybrid.get("prefill-0", []), [p for p in phases if p.name == "burst"], profile
+            )
+            if profile
+            else {},
+        }
     return result
 
 

@@ -77,17 +77,22 @@ class PagesEntry:
 class LoopEntry:
     """What the executor's worker loop costs per iteration beyond the GPU call its profile times
     (`LoopCosts`): its report (`report_ms` plus `report_token_ns` per token of every item's sequence) and
-    the rest (`other_ms`)."""
+    the rest (`other_ms` plus `other_item_ms` per item)."""
 
     report_ms: Sourced
     report_token_ns: Sourced
     other_ms: Sourced
+    other_item_ms: Sourced
 
     def costs(self) -> LoopCosts:
-        return LoopCosts((self.report_ms.value + self.other_ms.value) / 1e3, self.report_token_ns.value / 1e9)
+        return LoopCosts(
+            (self.report_ms.value + self.other_ms.value) / 1e3,
+            self.other_item_ms.value / 1e3,
+            self.report_token_ns.value / 1e9,
+        )
 
 
-LOOP_TERMS = ("report_ms", "report_token_ns", "other_ms")
+LOOP_TERMS = ("report_ms", "report_token_ns", "other_ms", "other_item_ms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,19 +84,21 @@ def scaled(cost: CostModel, scales: TimeScales) -> CostModel:
 class LoopCosts:
     """Time a worker's loop spends on each iteration beyond the GPU call its profile prices (an executor's
     host-side structure, e.g. the reference implementation's: docs/calibration.md): `iteration_s` per
-    iteration plus `token_s` per token of every item's sequence (a report that carries each request's
-    full sequence, sent before the next iteration starts)."""
+    iteration, `item_s` per item in it (host syncs and bookkeeping per request) and `token_s` per token of
+    every item's sequence (a report that carries each request's full sequence, sent before the next
+    iteration starts)."""
 
     iteration_s: float = 0.0
+    item_s: float = 0.0
     token_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.iteration_s, self.token_s) < 0:
+        if min(self.iteration_s, self.item_s, self.token_s) < 0:
             raise ValueError(f"loop costs must not be negative, got {self}")
 
     @property
     def none(self) -> bool:
-        return self.iteration_s == self.token_s == 0.0
+        return self.iteration_s == self.item_s == self.token_s == 0.0
 
     def seconds(self, mb: Microbatch) -> float:
         tokens = 0
@@ -104,11 +106,11 @@ class LoopCosts:
             tokens += req.seq_len
         for req in mb.prefills:
             tokens += req.seq_len
-        return self.iteration_s + self.token_s * tokens
+        return self.iteration_s + self.item_s * (len(mb.decodes) + len(mb.prefills)) + self.token_s * tokens
 
     def label(self) -> str:
-        ms, ns = self.iteration_s * 1e3, self.token_s * 1e9
-        return f"plus a loop of {ms:.3g} ms + {ns:.3g} ns per token per iteration"
+        ms, item, ns = self.iteration_s * 1e3, self.item_s * 1e3, self.token_s * 1e9
+        return f"plus a loop of {ms:.3g} ms + {item:.3g} ms per item + {ns:.3g} ns per token per iteration"
 
 
 @dataclass(frozen=True, slots=True)

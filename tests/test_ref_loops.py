@@ -265,6 +265,13 @@ def test_colocated_iterations_and_block_gap_from_the_shims_own_logs(shim: Any, t
     assert gap["gap"]["median"] == pytest.approx(0.25 + 0.3 + 2.5 + 0.4 + 0.05 + 4 + 0.05 + 0.4 + 0.5)
     assert gap["to_enqueue"]["median"] == pytest.approx(0.25 + 0.3 + 2.5 + 0.4 + 0.05 + 4)
     assert "| 8 | decode | 2 | 2 |" in tables(result)
+    (point,) = [p for p in result["colocated"]["loop_points"] if p["decodes"] == 2]
+    # beyond the GPU call: walls 14.55 and 18.65 less 10.2; the report 2.0 + 0.5; the rest the difference
+    assert (point["D"], point["n"]) == (8, 2)
+    assert point["beyond_gpu"] == pytest.approx((4.35 + 8.45) / 2)
+    assert point["report"] == pytest.approx(2.5) and point["rest"] == pytest.approx((4.35 + 8.45) / 2 - 2.5)
+    by_phase = result["colocated"]["block_gaps_by_phase"]
+    assert list(by_phase) == ["batch-B2-D8"] and by_phase["batch-B2-D8"]["gap"] == gap["gap"]
 
 
 def test_an_idle_wait_is_not_an_iteration(shim: Any, tmp_path: Path) -> None:
@@ -320,6 +327,9 @@ def test_hybrid_trigger_transfer_wait_and_prefill_beside_a_send(shim: Any, tmp_p
     assert t["send_bytes"]["median"] == 3 * 3 * 512  # 3 pages x 3 layers x 512 B
     assert t["recv_ms"]["median"] == pytest.approx(30.0)
     assert t["received_to_admitted_ms"]["median"] == pytest.approx(7 + 0.02 + 0.03)
+    # no decode iteration was running when the KV landed: the worker was idle (its 7 ms wait)
+    assert t["received_to_admitted_idle_ms"]["median"] == pytest.approx(7 + 0.02 + 0.03)
+    assert t["received_to_admitted_busy_ms"]["n"] == 0
     assert t["scheduler_handlers_ms"]["_on_batch_metrics"]["median"] == pytest.approx(0.7)
     (row,) = result["prefills"]
     assert (row["n_alone"], row["alone_ms"], row["n_with_send"], row["with_send_ms"]) == (1, 40.0, 1, 45.0)

@@ -183,17 +183,17 @@ def test_fastdllm_on_one_worker_is_an_mg1_fifo_queue() -> None:
     assert sum(waits) / n == pytest.approx(pk, abs=4 * batch_means_se(waits))
 
 
-def test_a_loop_cost_holds_the_worker_per_iteration_and_per_token() -> None:
-    # the reference's worker loop: its report and the rest of its loop (0.25 s, plus 1/1024 s per token of
-    # each item's sequence) come after the GPU call (1 s) and before the next iteration
+def test_a_loop_cost_holds_the_worker_per_iteration_per_item_and_per_token() -> None:
+    # the reference's worker loop: its report and the rest of its loop (0.25 s, plus 0.125 s per item and
+    # 1/1024 s per token of each item's sequence) come after the GPU call (1 s) and before the next iteration
     a = make_request(1, 128, arrival=0.0, steps=(3,))
     b = make_request(2, 256, arrival=0.2, steps=(1,))
-    cost = LoopedCostModel(LinearCost(1.0), LoopCosts(0.25, 1 / 1024))
+    cost = LoopedCostModel(LinearCost(1.0), LoopCosts(0.25, item_s=0.125, token_s=1 / 1024))
     cluster = run_cluster([a, b], cost=cost)
     got = [(r["start"], r["end"], r["n_decodes"], r["n_prefills"]) for r in rows(cluster)]
-    # a's prefill: 1 + 0.25 + 128/1024; a's decode beside b's prefill: + 384/1024; a's last decode alone
-    assert got == [(0.0, 1.375, 0, 1), (1.375, 3.0, 1, 1), (3.0, 4.375, 1, 0)]
-    assert b.blocks[0].prefill_start == 1.375  # b arrived at 0.2 and waited out a's whole loop
+    # a's prefill: 1 + 0.25 + 0.125 + 128/1024; beside b's prefill: + 2 * 0.125 + 384/1024; a's last alone
+    assert got == [(0.0, 1.5, 0, 1), (1.5, 3.375, 1, 1), (3.375, 4.875, 1, 0)]
+    assert b.blocks[0].prefill_start == 1.5  # b arrived at 0.2 and waited out a's whole loop
 
 
 def test_the_handoff_is_part_of_every_transfer_and_the_prefill_worker_goes_on_meanwhile() -> None:

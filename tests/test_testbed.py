@@ -242,12 +242,13 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
         "report_ms": {"value": 2.0, "source": "a test"},
         "report_token_ns": {"value": 100.0, "source": "a test"},
         "other_ms": {"value": 30.0, "source": "a test"},
+        "other_item_ms": {"value": 0.5, "source": "a test"},
     }
     raw["handoff_ms"] = {"value": 40.0, "source": "a test"}
     path = tmp_path / "looped.json"
     path.write_text(json.dumps(raw))
     looped = load_testbed(str(path))
-    assert looped.loop_costs() == LoopCosts(0.032, 1e-7) and looped.handoff_s == 0.04
+    assert looped.loop_costs() == LoopCosts(0.032, item_s=0.0005, token_s=1e-7) and looped.handoff_s == 0.04
     assert load_testbed("sangam-h100").loop_costs().none and load_testbed("sangam-h100").handoff_s == 0.0
 
     def run(name: str, *args: str) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:

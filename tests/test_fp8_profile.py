@@ -116,6 +116,7 @@ def fp8_profile_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "h200-fp8-kvfp8"
     directory.mkdir()
     shutil.copy(DATA / "h200" / "llada-8b.csv", directory)
+    shutil.copy(DATA / "h200" / "llada-8b.fit.json", directory)  # its fit, not redone (minutes on 2 cores)
     meta = json.loads((DATA / "h200" / "llada-8b.meta.json").read_text())
     meta.update(quantization="fp8", kv_cache_dtype="fp8", kv_pages=LLADA_FP8_PAGES)
     (directory / "llada-8b.meta.json").write_text(json.dumps(meta))

@@ -1,11 +1,12 @@
 """Where the simulator's time goes wrong, iteration by iteration: a live run's log against the profile.
 
-    python -m benchmarks.iteration_fidelity LIVE_DIR [LIVE_DIR ...] [--model llada-8b] [--gpu h200]
+    python -m benchmarks.iteration_fidelity LIVE_DIR [LIVE_DIR ...] [--model M] [--gpu G] [--profile DIR]
 
 For each live run directory (`sangam live --out DIR --iteration-log DIR/iterations.csv`), prints per
 iteration kind (decode-only by batch size, prefill-only, mixed) the count, the mean live wall time
 (`profiles.store.live_seconds`: host work included, to the next start where the loop went straight on),
-the mean GPU time of the forward, and the profile's error on them;
+the mean GPU time of the forward, and the profile's error on them (the GPU's profile, or the one in
+`--profile DIR` under profiles/data, such as h200-fp8-kvfp8);
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
 was idle meanwhile (`runs.config.CONTROL_MS` is what the simulator charges).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from profiles.measured import Features, predict
 from profiles.shapes import Shape
-from profiles.store import live_seconds, load_profile
+from profiles.store import Profile, live_seconds, load_profile, load_profile_dir
 
 
 def kind(shape: Shape) -> str:
@@ -30,10 +31,7 @@ def kind(shape: Shape) -> str:
     return f"decode x{min(len(shape.decodes), 5)}{'+' if len(shape.decodes) >= 5 else ''}"
 
 
-def iterations(directory: Path, model: str, gpu: str) -> None:
-    profile = load_profile(model, gpu)
-    if profile is None:
-        raise SystemExit(f"no profile of {model} on {gpu}")
+def iterations(directory: Path, profile: Profile) -> None:
     buckets = tuple(profile.meta.get("graph_buckets", ()))
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     with (directory / "iterations.csv").open(newline="") as f:
@@ -70,15 +68,23 @@ def control_delays(directory: Path) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="live run directories")
     parser.add_argument("--model", default="llada-8b")
     parser.add_argument("--gpu", default="h200")
-    args = parser.parse_args()
+    parser.add_argument("--profile", metavar="DIR", help="a profile directory under profiles/data")
+    args = parser.parse_args(argv)
+    if args.profile:
+        profile = load_profile_dir(args.model, args.profile, args.gpu)
+    else:
+        profile = load_profile(args.model, args.gpu)
+    where = f" in profiles/data/{args.profile}" if args.profile else ""
+    if profile is None:
+        raise SystemExit(f"iteration_fidelity: no profile of {args.model} on {args.gpu}{where}")
     for directory in args.runs:
         try:
-            iterations(directory, args.model, args.gpu)
+            iterations(directory, profile)
             control_delays(directory)
         except KeyError as err:
             raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None

@@ -116,6 +116,7 @@ def fp8_profile_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "h200-fp8-kvfp8"
     directory.mkdir()
     shutil.copy(DATA / "h200" / "llada-8b.csv", directory)
+    shutil.copy(DATA / "h200" / "llada-8b.fit.json", directory)  # its fit, not redone (minutes on 2 cores)
     meta = json.loads((DATA / "h200" / "llada-8b.meta.json").read_text())
     meta.update(quantization="fp8", kv_cache_dtype="fp8", kv_pages=LLADA_FP8_PAGES)
     (directory / "llada-8b.meta.json").write_text(json.dumps(meta))
@@ -140,10 +141,10 @@ def test_fit_makes_an_fp8_testbed_whose_fp8_pages_are_not_doubled_again(
 ) -> None:
     directory = fp8_profile_dir(tmp_path)
     out = tmp_path / "beds"
-    args = ["fit", "--profile", str(directory), "--testbed", "sangam-h200", "--name", "sangam-h200-fp8"]
+    args = ["fit", "--profile", str(directory), "--testbed", "sangam-h200", "--name", "my-h200-fp8"]
     assert main([*args, "--out", str(out)]) == 0
     assert f"llada-8b {LLADA_FP8_PAGES} pages of fp8 KV" in capsys.readouterr().out
-    testbed = out / "sangam-h200-fp8.json"
+    testbed = out / "my-h200-fp8.json"
     raw = json.loads(testbed.read_text())
     assert raw["profile"]["data"] == str(directory) and raw["version"] == 1 and "fit" not in raw
     assert "fp8 weights, fp8 KV" in raw["profile"]["source"]
@@ -177,3 +178,23 @@ def test_the_reference_testbeds_refuse_an_fp8_kv_cache_in_one_line(
     assert err.count("\n") == 1
     assert f"testbed {testbed} prices the reference implementation (UT-InfraAI/sangam)" in err
     assert "--kv-cache-dtype fp8 needs a sangam-* testbed" in err
+
+
+def test_the_shipped_fp8_testbed_is_what_fit_makes_of_the_shipped_fp8_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """profiles/data/testbeds/sangam-h200-fp8.json is `sangam fit --profile` of the H200 call's profile (under
+    its own name then; a shipped name is not replaced), and a run on it takes the FP8 pages its worker
+    recorded (halved for a bf16 KV cache in the same memory)."""
+    meta = json.loads((DATA / "h200-fp8-kvfp8" / "llada-8b.meta.json").read_text())
+    assert (meta["gpu"], meta["quantization"], meta["kv_cache_dtype"]) == ("h200", "fp8", "fp8")
+    args = ["fit", "--profile", str(DATA / "h200-fp8-kvfp8"), "--testbed", "sangam-h200"]
+    assert main([*args, "--name", "again", "--out", str(tmp_path)]) == 0
+    made = json.loads((tmp_path / "again.json").read_text())
+    assert made | {"name": "sangam-h200-fp8"} == json.loads(
+        (DATA / "testbeds" / "sangam-h200-fp8.json").read_text()
+    )
+    assert made["profile"]["data"] == "h200-fp8-kvfp8"  # shipped data, named inside profiles/data
+    pages, cost = sim_pages(tmp_path, "sangam-h200-fp8", "--kv-cache-dtype", "fp8")
+    assert pages == meta["kv_pages"] and cost == "h200-fp8-kvfp8 profile, measured"
+    assert sim_pages(tmp_path, "sangam-h200-fp8")[0] == meta["kv_pages"] // 2

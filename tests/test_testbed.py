@@ -29,7 +29,7 @@ from sim.options import SimOptions, options_on_testbed
 from sim.setup import Resolver
 from tests.factories import make_request
 
-SHIPPED = ("sangam-h100", "sangam-h200", "reference-h200", "reference-h100")
+SHIPPED = ("sangam-h100", "sangam-h200", "sangam-h200-fp8", "reference-h200", "reference-h100")
 
 
 def test_every_shipped_testbed_parses_and_names_a_source_for_every_value() -> None:
@@ -44,7 +44,7 @@ def test_every_shipped_testbed_parses_and_names_a_source_for_every_value() -> No
 
 def test_our_testbeds_hold_the_simulators_documented_defaults() -> None:
     defaults = SimOptions()
-    for name in ("sangam-h100", "sangam-h200"):
+    for name in ("sangam-h100", "sangam-h200", "sangam-h200-fp8"):
         testbed = load_testbed(name)
         specs = {key: entry.spec for key, entry in testbed.progress.items()}
         assert specs == {key: f"betabinom:{m:g}:{s:g}" for key, (m, s) in DEFAULT_PROGRESS.items()}

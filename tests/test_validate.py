@@ -16,6 +16,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
+    "validate-llada-8b-h200-colocated-fp8.json": "live-colocated-fp8-llada-8b-h200",  # on sangam-h200-fp8
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",
@@ -24,16 +25,19 @@ SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md)
 
 
 def revalidate(report: str, live: str, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The shipped report's points and those of `sangam validate` run again on its live runs."""
+    """The shipped report's points and those of `sangam validate` run again on its live runs (on the
+    testbed its simulated runs name; reports older than testbeds name none)."""
     shipped = json.loads((RESULTS / report).read_text())
     cfg, link = shipped[0]["live"]["config"], shipped[0]["sim"]["kv_link"]["source"]
+    testbed = shipped[0]["sim"].get("testbed")
     args = [
         "validate", "--mode", cfg["layout"], "--model", cfg["model"], "--gpu", cfg["gpu"],
         "--gpus", str(len(set(cfg["devices"]))), "--num-requests", str(cfg["num_requests"]),
         "--seed", str(cfg["seed"]), "--qps", *(f"{p['qps']:g}" for p in shipped),
         "--live-results", str(RESULTS / live), "--out", str(out), "--report", str(out / report),
     ]  # fmt: skip
-    assert main([*args, *(["--link", link] if link != "assumed" else [])]) == 0
+    args += ["--link", link] if link != "assumed" else []
+    assert main([*args, *(["--testbed", testbed] if testbed else [])]) == 0
     return shipped, json.loads((out / report).read_text())
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from executor.control import rpc
+from executor.control import codec, rpc
 from executor.control.messages import (
     Registration,
     RequestState,
@@ -82,7 +82,7 @@ def test_submits_sent_on_a_watch_are_answered_on_it_under_their_tags() -> None:
         assert next(stream) == WatchBatch([], [])
         sent.put((7, Submission(PROMPT, 32)))  # no worker has registered
         assert next(stream) == WatchBatch([], [Submitted(7, None, "waiting for workers: 0 of 1 registered")])
-        core.state.register(WORKER)
+        assert not core.register(codec.to_pb(WORKER)).error  # registered and linked: requests are taken
         sent.put((8, Submission((), 32)))  # refused at admission: an ERROR state, as a Submit's reply
         (answer,) = next(stream).submitted
         assert answer.tag == 8 and answer.state is not None and answer.state.status is RequestStatus.ERROR

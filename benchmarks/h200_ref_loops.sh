@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One call on the lent H200 (issue 32, item 1): the reference implementation's own loops, timed by a shim
+# Calls on the lent H200 (issue 32, item 1): the reference implementation's own loops, timed by a shim
 # on its PYTHONPATH (benchmarks/refpeer/shim/ref_timing.py; nothing in its tree edited), LLaDA-8B random
-# bf16 weights. Its colocated launcher (one worker) and its hybrid launcher (one prefill and one decode
-# worker, both on GPU 0, KV group switched to gloo by the shim) start at the same time, so their loads and
-# captures overlap; the colocated one is measured while the hybrid one idles (B requests at once, B in
-# BATCHES, at 8 and 16 forwards per block), then stopped; then the hybrid one (a prefill-only burst, then a
-# trace); then, if time is left, `sangam live --mode 1P1D --gpus 0,0` on the same trace. The analysis
-# (benchmarks/ref_loops.py) runs at the end. $OUT gets steps.log, summary.json, summary.md,
-# ref-loops-logs.tgz (the shim's logs, the phase marks, the servers' logs, the client results, the plans)
-# and ours-1p1d.tgz.
+# bf16 weights. PARTS picks what a call runs: `colocated` (its colocated launcher, one worker: B requests
+# at once, B in BATCHES, at 8 and 16 forwards per block), `hybrid` (its hybrid launcher, one prefill and one
+# decode worker both on GPU 0, KV group switched to gloo by the shim: a prefill-only burst, then a trace)
+# and `ours` (`sangam live --mode 1P1D --gpus 0,0` on the same trace). Launchers of one call start at the
+# same time, so their loads and captures overlap, and are measured one after the other. Run the colocated
+# part alone (the default) and `PARTS="hybrid ours"` in a second call: with all three in one call the
+# colocated worker ran out of GPU memory from B = 4 (2026-12-03). The analysis (benchmarks/ref_loops.py)
+# runs at the end. $OUT gets steps.log, summary.json, summary.md, ref-loops-logs.tgz (the shim's logs,
+# the phase marks, the servers' logs, the client results, the plans) and ours-1p1d.tgz.
 # Carried, ignored: .whl and .peer as for h200_ref_replay.sh; .jit (optional) an earlier JIT cache.
-# Environment: PARTS (any of: colocated hybrid ours; all three), BATCHES (1,2,4,8,16,32,64), FORWARDS ("8 16"), TAU (the colocated launcher's
+# Environment: PARTS (any of: colocated hybrid ours; colocated), BATCHES (1,2,4,8,16,32,64), FORWARDS ("8 16"), TAU (the colocated launcher's
 # --max-tokens-per-iteration: 8192, so that B requests reach decode together), COLO_PAGES (4096),
 # HYB_PAGES (per hybrid worker; 2048), GRAPHS (captured decode batch sizes; 1,2,4,8,16,32,64),
 # READY_LIMIT (330), BUDGET (585: each step's limit is cut to what is left, a step with less than 20 s
@@ -25,7 +26,7 @@ MODE=${1:-run}
 BATCHES=${BATCHES:-1,2,4,8,16,32,64}; FORWARDS=${FORWARDS:-8 16}; TAU=${TAU:-8192}; SEED=${SEED:-7}
 COLO_PAGES=${COLO_PAGES:-4096}; HYB_PAGES=${HYB_PAGES:-2048}; GRAPHS=${GRAPHS:-1,2,4,8,16,32,64}
 READY_LIMIT=${READY_LIMIT:-330}; BUDGET=${BUDGET:-585}; HYB_MASK=256; HYB_D=8
-PARTS=${PARTS:-colocated hybrid ours}
+PARTS=${PARTS:-colocated}
 OUT=${OUT:-/tmp/ref-loops-out}; mkdir -p "$OUT"
 REPO=$PWD; REF=${REF:-/tmp/ref/sangam-reference/src}; CKPT=/tmp/llada-8b-random; W=/tmp/ref-loops
 SHIM="$REPO/benchmarks/refpeer/shim"; REFPATH="/tmp/site:$REF:${REFDEPS:+$REFDEPS:}$SHIM"
@@ -105,10 +106,13 @@ python3 -m benchmarks.ref_loops plans --out "$W/plans" "${PLAN_ARGS[@]}" | tee -
 step checkpoint 150 env PYTHONPATH="$REFPATH" python3 benchmarks/refpeer/write_checkpoint.py \
     --out "$CKPT" --device cuda --seed "$SEED" || exit 1
 
-say "start both launchers (logs: colocated-server.log, hybrid-server.log)"
-(cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/colocated" \
-    python3 -P -m sangam.entrypoints.launch --model "$CKPT" "${COLO_ARGS[@]}") > "$W/colocated-server.log" 2>&1 &
-COLO=$!
+say "start the launchers of: $PARTS (logs: colocated-server.log, hybrid-server.log)"
+COLO=""
+if [[ $PARTS == *colocated* ]]; then
+    (cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/colocated" \
+        python3 -P -m sangam.entrypoints.launch --model "$CKPT" "${COLO_ARGS[@]}") > "$W/colocated-server.log" 2>&1 &
+    COLO=$!
+fi
 HYB=""
 if [[ $PARTS == *hybrid* ]]; then
     (cd /tmp && exec env PYTHONPATH="$REFPATH" SANGAM_REF_SHIM_LOG=1 HF_HUB_OFFLINE=1 SANGAM_REF_TIMING_DIR="$W/hybrid" \
@@ -118,7 +122,7 @@ if [[ $PARTS == *hybrid* ]]; then
 fi
 
 first=(--wait-ready "$READY_LIMIT" --watch-pid "$COLO" --warmup 2)
-for d in $FORWARDS; do
+[[ -n $COLO ]] && for d in $FORWARDS; do
     for b in ${BATCHES//,/ }; do
         kill -0 "$COLO" 2>/dev/null || { say "the colocated launcher is gone"; break 2; }
         limit=60; (( ${#first[@]} )) && limit=$((READY_LIMIT + 60))
@@ -129,7 +133,7 @@ for d in $FORWARDS; do
         first=()
     done
 done
-say "stop the colocated launcher"; stop "$COLO"
+[[ -n $COLO ]] && { say "stop the colocated launcher"; stop "$COLO"; }
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee -a "$LOG"
 
 if [[ -n $HYB ]] && kill -0 "$HYB" 2>/dev/null; then

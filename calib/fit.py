@@ -418,6 +418,11 @@ def profiled_testbed(base: Testbed, name: str, directory: Path, data: Path) -> T
     }
     if not measured:
         raise ValueError(f"--profile {directory}: no <model>.csv with its .meta.json (run sangam profile)")
+    if base.loop is not None or base.handoff_ms is not None:
+        raise ValueError(
+            f"--profile: {base.name} carries another executor's worker loop or handoff; "
+            f"base a profile of ours on a sangam-* testbed"
+        )
     gpus = {str(meta.get("gpu")) for meta in measured.values()}
     if gpus != {base.gpu}:
         raise ValueError(

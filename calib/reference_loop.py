@@ -32,7 +32,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,8 @@ def alone(served: Mapping[int, Served]) -> set[int]:
 def relative_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """(a, b) of a + b * x through the points by least squares of the relative error (each point weighs
     alike)."""
+    if len(set(xs)) < 2 or any(y <= 0 for y in ys):
+        raise ValueError(f"a line needs two distinct x and positive y, got {len(ys)} points")
     # normal equations of sum(((a + b * x) / y - 1) ** 2)
     s11 = sum(1 / y**2 for y in ys)
     s12 = sum(x / y**2 for x, y in zip(xs, ys, strict=True))
@@ -180,10 +182,15 @@ def replay_errors(testbed: Testbed, replay: Path = REPLAY) -> dict[str, dict[str
     return out
 
 
-SUMMARIES = {
+def p99(xs: Sequence[float]) -> float:
+    """The nearest-rank 99th percentile."""
+    return sorted(xs)[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+
+
+SUMMARIES: dict[str, Callable[[Sequence[float]], float]] = {
     "mean": statistics.fmean,
     "median": statistics.median,
-    "p99": lambda xs: sorted(xs)[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)],
+    "p99": p99,
 }
 
 
@@ -208,7 +215,7 @@ def rest_fit(points: Sequence[Mapping[str, Any]], report: tuple[float, float]) -
     return relative_line(xs, ys)
 
 
-def control_term(gaps: Mapping[str, Mapping[str, Any]], loop: LoopEntry, where: str) -> Sourced:
+def control_term(gaps: Mapping[str, Mapping[str, Any]], loop: LoopEntry, where: Path | str) -> Sourced:
     """The control delay: a lone request's block end (its last forward's GPU call) to its next prefill's GPU
     call, less the loop's cost of that last iteration (the simulator charges it before the block ends)."""
     alone = {name: g["gap"]["median"] for name, g in gaps.items() if name.startswith("batch-B1-")}

@@ -58,9 +58,21 @@ def knee(setup: Setup) -> float:
     return SWEEP[-1] * workers
 
 
-def simulated(setup: Setup, qps: float, pages: int | None = None, out: Path | None = None) -> SimResult:
-    """The setup's run at `qps` in the simulator, on `pages` KV pages if given, its results in `out`."""
-    cfg = dataclasses.replace(setup.config, qps=qps, pages=setup.config.pages if pages is None else pages)
+def simulated(
+    setup: Setup,
+    qps: float,
+    pages: int | None = None,
+    out: Path | None = None,
+    kv_cache_dtype: str | None = None,
+) -> SimResult:
+    """The setup's run at `qps` in the simulator, on `pages` KV pages of `kv_cache_dtype` if given (a live
+    run's), its results in `out`."""
+    cfg = dataclasses.replace(
+        setup.config,
+        qps=qps,
+        pages=setup.config.pages if pages is None else pages,
+        kv_cache_dtype=kv_cache_dtype or setup.config.kv_cache_dtype,
+    )
     files = RunFiles(out=out, progress=setup.progress)
     (result,) = run_points([(cfg, synthetic_rows(cfg))], setup.cost, setup.cost_name, setup.options, files)
     return result
@@ -121,8 +133,9 @@ def run_validate(
             )
         live = read_summary(live_dir)
         check_same_run(live_dir, live.get("config", {}), cfg)
-        pages = live_pages(live.get("config", {}))
-        sim = simulated(setup, qps, pages, options.out / f"sim-qps{qps:g}").summary
+        config = live.get("config", {})
+        out = options.out / f"sim-qps{qps:g}"
+        sim = simulated(setup, qps, live_pages(config), out, config.get("kv_cache_dtype")).summary
         points.append({"load": label, "qps": qps, "live": live, "sim": sim, "error_pct": compare(live, sim)})
     path = options.report or Path("benchmarks/results") / f"validate-{base.model}-{base.gpu}-{base.mode}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

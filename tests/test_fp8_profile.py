@@ -162,11 +162,29 @@ def test_fit_profile_needs_data_of_the_base_testbeds_gpu(
     args = ["fit", "--testbed", "sangam-h100", "--out", str(tmp_path)]
     assert main([*args, "--profile", str(tmp_path)]) == 2
     assert "no <model>.csv with its .meta.json" in capsys.readouterr().err
-    assert main([*args, "--profile", str(fp8_profile_dir(tmp_path))]) == 2
+    fp8 = str(fp8_profile_dir(tmp_path))
+    assert main([*args, "--profile", fp8]) == 2
     err = capsys.readouterr().err
     assert "measured on h200, not sangam-h100's h100" in err and err.count("\n") == 1
     assert main([*args, "--profile", str(tmp_path), "--blocks", str(tmp_path)]) == 2
     assert "give one of --targets CSV, --blocks DIR... or --profile DIR" in capsys.readouterr().err
+    # the reference's testbeds price its loop beside its profile: not a base for a profile of ours
+    assert (
+        main(
+            [
+                "fit",
+                "--testbed",
+                "reference-h200",
+                "--out",
+                str(tmp_path),
+                "--profile",
+                fp8,
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "reference-h200 carries another executor's worker loop or handoff" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("testbed", ["reference-h200", "reference-h100", "paper-h100"])

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.ref_loops import analyze_logs, main, read_phases, tables
+from benchmarks.ref_loops import (
+    Phase,
+    analyze_logs,
+    gpu_over_profile,
+    main,
+    prefill_end_to_send,
+    read_phases,
+    tables,
+)
 from runs.traces import read_trace
 
 SHIM = Path(__file__).resolve().parent.parent / "benchmarks" / "refpeer" / "shim" / "ref_timing.py"
@@ -378,3 +386,47 @@ def test_plans_write_what_the_call_replays(tmp_path: Path, capsys: pytest.Captur
     with pytest.raises(SystemExit):
         main(["plans", "--out", str(tmp_path), "--batches", "0"])
     assert "expected positive integers" in capsys.readouterr().err
+
+
+def _event(ev: str, t0: float, t1: float, **fields: Any) -> dict[str, Any]:
+    return {"ev": ev, "t0": int(t0 * MS), "t1": int(t1 * MS), **fields}
+
+
+def test_the_handoff_runs_from_the_prefill_batchs_end_to_its_sends_start() -> None:
+    events = [
+        _event("pbatch", 0, 10, prefills=[["a", 0, 100], ["b", 0, 100]], gpu=None),
+        _event("send", 11, 30, rid="b"),  # an earlier transfer of b's: before its coordination, not counted
+        _event("coord", 12, 40, rid="a", block=0),
+        _event("coord", 12.5, 41, rid="b", block=0),
+        _event("send", 13, 20, rid="a"),
+        _event("send", 16, 25, rid="b"),
+        _event("coord", 50, 60, rid="c", block=0),  # no batch made c's KV here: left out
+    ]
+    assert prefill_end_to_send(events) == pytest.approx([3.0, 6.0])
+
+
+class _PerItem:
+    """A profile whose every microbatch takes 1 ms per item."""
+
+    def cost_model(self) -> Any:
+        return types.SimpleNamespace(seconds=lambda mb: 1e-3 * (len(mb.decodes) + len(mb.prefills)))
+
+
+def test_the_gpu_call_over_the_profile_per_kind_inside_the_phases_only() -> None:
+    def it(t0: float, gpu_ms: float, prefills: list[list[Any]], decodes: list[list[Any]]) -> dict[str, Any]:
+        gpu = {"t0": int(t0 * MS), "t1": int((t0 + gpu_ms) * MS), "parts": {}}
+        return {**_event("iter", t0, t0 + gpu_ms), "gpu": gpu, "prefills": prefills, "decodes": decodes}
+
+    events = [
+        it(0, 2.0, [["a", 0, 288]], []),  # before the phase: a's tokens are learnt, no ratio
+        it(10, 3.0, [["b", 0, 288]], [["a", 0]]),  # mixed: 2 items, 1 ms each
+        it(20, 2.5, [], [["a", 0], ["b", 0]]),  # decode
+        it(30, 4.0, [], [["z", 0]]),  # z was never prefilled: its sequence is unknown, left out
+        {**it(40, 1.5, [["c", 0, 288]], []), "ev": "pbatch"},  # a prefill worker's batch
+    ]
+    got = gpu_over_profile(events, [Phase("batch-B2-D8", 5 * MS, 50 * MS)], _PerItem())
+    assert {k: (v["n"], v["median"]) for k, v in got.items()} == {
+        "decode": (1, pytest.approx(1.25)),
+        "mixed": (1, pytest.approx(1.5)),
+        "prefill": (1, pytest.approx(1.5)),
+    }

@@ -52,6 +52,7 @@ from executor.control import auth, codec, rpc
 from executor.control.iteration_log import IterationLog
 from executor.control.messages import (
     BlockWork,
+    ClusterStatus,
     DropOrder,
     Registration,
     ReportBatch,
@@ -262,14 +263,20 @@ class SchedulerCore:
             self.on_ready()
         return codec.register_reply(answer)
 
+    def status(self) -> ClusterStatus:
+        """The cluster's status; ready only once every worker is linked as well as registered."""
+        status = self.state.status()
+        return status if self.linked.is_set() else replace(status, ready=False)
+
     def unavailable(self) -> str | None:
         if self.state.failure:
             return f"the cluster has failed: {self.state.failure}"
         if self.stopped.is_set():
             return "the scheduler is shutting down"
         if not self.linked.is_set():
-            expected = self.state.layout.num_workers
-            return f"waiting for workers: {len(self.state.workers)} of {expected} registered"
+            expected, registered = self.state.layout.num_workers, len(self.state.workers)
+            linking = ", linking" if registered == expected else ""
+            return f"waiting for workers: {registered} of {expected} registered{linking}"
         return None
 
     def submit(self, sub: Submission) -> RequestState:
@@ -514,7 +521,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return codec.to_pb(self.core.cancel(request.request_id))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        return codec.to_pb(self.core.state.status())
+        return codec.to_pb(self.core.status())
 
     def Results(self, request: pb.ResultsRequest, context: grpc.ServicerContext) -> pb.ResultsReply:
         records = self.core.state.records[request.first :]  # appended to only: a slice is a snapshot

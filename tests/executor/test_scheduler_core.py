@@ -21,11 +21,11 @@ def test_requests_wait_for_the_last_workers_link_not_only_its_registration(
 ) -> None:
     # the last registration completes the state (its router exists) a moment before its link: a request
     # accepted in that moment was placed on a worker with no link (KeyError in the core, seen under load)
-    seen: list[str | None] = []
+    seen: list[tuple[str | None, bool]] = []
 
     class WatchedLink(scheduler_service.WorkerLink):
         def __init__(self, *args: object, **kwargs: object) -> None:
-            seen.append(core.unavailable())
+            seen.append((core.unavailable(), core.status().ready))
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(scheduler_service, "WorkerLink", WatchedLink)
@@ -35,7 +35,8 @@ def test_requests_wait_for_the_last_workers_link_not_only_its_registration(
             reply = core.register(codec.to_pb(registration(worker)))
             assert not reply.error, reply.error
         assert core.state.complete and len(seen) == 2
-        assert all(s is not None and s.startswith("waiting for workers") for s in seen), seen
-        assert core.unavailable() is None
+        # neither a submit nor a client polling Status (the launcher's and the client's wait) gets in
+        assert all(u is not None and u.startswith("waiting for workers") and not r for u, r in seen), seen
+        assert core.unavailable() is None and core.status().ready
     finally:
         core.stop()

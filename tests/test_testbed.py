@@ -259,18 +259,22 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
         return json.loads((out / "summary.json").read_text()), requests
 
     (plain, base), (summary, got) = run("plain"), run("looped", "--testbed", str(path))
-    assert summary["cost_model"].endswith("plus a loop of 32 ms + 100 ns per token per iteration")
+    assert summary["cost_model"].endswith(
+        "plus a loop of 32 ms + 0.5 ms per item + 100 ns per token per iteration"
+    )
     assert summary["kv_link"]["handoff_s"] == 0.04 and plain["kv_link"]["handoff_s"] == 0.0
     for rid, req in got.items():  # alone on the cluster: every block pays exactly its terms
         blocks, seq = req["n_blocks"], req["seq_len"]  # a block done by its prefill moves no KV:
         assert req["transfer"] - base[rid]["transfer"] == pytest.approx(0.040 * req["kv_transfers"])
-        assert req["prefill"] - base[rid]["prefill"] == pytest.approx(blocks * (0.032 + 1e-7 * seq))
+        # every iteration of one item: 32 ms, 0.5 ms for its one item, 100 ns per token of its sequence
+        per_iteration = 0.032 + 0.0005 + 1e-7 * seq
+        assert req["prefill"] - base[rid]["prefill"] == pytest.approx(blocks * per_iteration)
         decodes = req["forwards"] - blocks  # every forward but a block's prefill is a decode iteration
-        assert req["decode"] - base[rid]["decode"] == pytest.approx(decodes * (0.032 + 1e-7 * seq))
+        assert req["decode"] - base[rid]["decode"] == pytest.approx(decodes * per_iteration)
     _, flagged = run("flagged", "--testbed", str(path), "--handoff-ms", "0")
     assert all(flagged[rid]["transfer"] == pytest.approx(base[rid]["transfer"]) for rid in base)
     raw["loop"] = {"report_ms": raw["loop"]["report_ms"]}
-    with pytest.raises(ValueError, match="must hold exactly report_ms, report_token_ns, other_ms"):
+    with pytest.raises(ValueError, match="exactly report_ms, report_token_ns, other_ms, other_item_ms"):
         parse_testbed(raw, "looped")
     raw["loop"], raw["handoff_ms"] = None, {"value": -1.0, "source": "a test"}
     with pytest.raises(ValueError, match="handoff_ms: must not be negative"):
@@ -282,10 +286,13 @@ def test_every_path_to_a_testbeds_cost_model_adds_its_loop() -> None:
 
     h100 = load_testbed("reference-h100")
     loop = h100.loop_costs()
-    assert not loop.none and h100.scales("llada-8b").identity
+    scales = h100.scales("llada-8b")
+    assert not loop.none and loop.item_s > 0 and not scales.identity
     mb = Microbatch((make_request(1, 1819), make_request(2, 1500)), (make_request(3, 900),), 0, 0, 0, 0)
     profile, _, _ = tb.unscaled_cost_model(h100, "llada-8b")
-    want = profile.seconds(mb) + loop.iteration_s + loop.token_s * (1819 + 1500 + 900)
+    # the GPU call scaled as a mixed iteration; the loop, unscaled, per iteration, per item and per token
+    loop_s = loop.iteration_s + 3 * loop.item_s + loop.token_s * (1819 + 1500 + 900)
+    want = profile.seconds(mb) * scales.mixed + loop_s
     sweep, name, _ = Resolver(h100).priced("llada-8b")  # sweep, reproduce, validate, the explorer
     run = Resolver(h100).resolve(RunConfig(mode="1C", gpu="h100"))  # sangam sim, fit
     assert sweep.seconds(mb) == pytest.approx(want) and run.cost.seconds(mb) == pytest.approx(want)
@@ -312,7 +319,7 @@ def test_a_run_is_resolved_on_its_testbed_once_with_explicit_flags_winning(
     assert first.config.pages == h100.pages("llada-8b") and first.progress == h100.progress_spec(
         "llada-8b", "sharegpt"
     )
-    assert first.cost_name.endswith(h100.scales("llada-8b").label()) or h100.scales("llada-8b").identity
+    assert f", {h100.scales('llada-8b').label()}, " in first.cost_name  # its scales, then its loop
     given = resolver.resolve(RunConfig(mode="1C", pages=100), {"pages": 100}, progress="fixed:3")
     assert (given.config.pages, given.progress) == (100, "fixed:3")
     assert loads == ["llada-8b"]  # the profile is read once per model

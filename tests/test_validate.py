@@ -47,6 +47,9 @@ def test_the_colocated_reports_are_what_the_simulator_gives(report: str, live: s
     assert [p["qps"] for p in again] == [p["qps"] for p in shipped]
     for old, new in zip(shipped, again, strict=True):
         assert new["error_pct"] == pytest.approx(old["error_pct"], abs=0.01)
+        # the simulator holds the live run's KV pages in the live run's dtype (FP8 for the FP8 run)
+        live_kv = new["live"]["config"].get("kv_cache_dtype", "auto")
+        assert new["sim"]["config"]["kv_cache_dtype"] == live_kv
 
 
 def test_the_recheck_meets_the_fidelity_goal(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4
 
 With `--quantization fp8` the body's linear layers run in FP8 (`executor.model.fp8`): their weights count
 one byte each and their FLOPs run at FP8_SPEEDUP times the bf16 rate in the bound (LM head and attention
-stay bf16). Each (model, quantization) pair is measured in a fresh process of its own, on the same seeded
-weights.
+stay bf16). With `--kv-cache-dtype fp8` the paged KV is E4M3 (FlashInfer's fa2 kernels read it), its
+bytes count one per element in the bound, and the rows' weights column reads `<quant>+kv8`. Each (model,
+quantization) pair is measured in a fresh process of its own, on the same seeded weights.
 
 Targets (issue 3): prefill at S >= 2048 reaches >= 65% of its bound; decode at B >= 4 runs within 1.5x of it.
 Issue 30's FP8 targets are times, for both models: decode of 8 items <= 5.5 ms, of 32 <= 19 ms, prefill
@@ -57,7 +58,7 @@ from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
-from sangam.hardware import BLOCK, GPUS, ModelSpec, pages_for
+from sangam.hardware import BLOCK, GPUS, KV_DTYPE_BYTES, ModelSpec, pages_for
 from sangam.kv import PagePool
 
 GPU = GPUS["h200"]
@@ -82,22 +83,30 @@ class Row:
     target: str  # "" where the issue sets none; "<=1.5x", ">=65%" (of the bound) or "<=5.5ms"
     error: float | None = None  # graphed vs eager logits, mean relative error
     quant: str = "bf16"  # bf16 | fp8: the body's linear layers
+    kv: str = "auto"  # auto (bf16) | fp8: the paged KV cache
 
 
 Part = tuple[float, float, float]  # FLOPs, bytes, the peak rate (TFLOP/s) the FLOPs run at
 
 
 def count_parts(
-    spec: ModelSpec, items: int, query_rows: int, kv_len: int, decode: bool, quant: str = "bf16"
+    spec: ModelSpec,
+    items: int,
+    query_rows: int,
+    kv_len: int,
+    decode: bool,
+    quant: str = "bf16",
+    kv_dtype: str = "auto",
 ) -> tuple[tuple[Part, Part], Part]:
     """((the body's linear layers, the LM head), attention) of one iteration of `items` identical items,
-    each (FLOPs, bytes, peak TFLOP/s); attention reads the KV in a decode, writes it in a prefill."""
+    each (FLOPs, bytes, peak TFLOP/s); attention reads the KV (of `kv_dtype`) in a decode, writes it in a
+    prefill."""
     body = 2.0 * spec.layers * spec.layer_params * items * query_rows
     head = 2.0 * spec.hidden * spec.vocab * BLOCK * items
     weight_bytes = 1 if quant == "fp8" else 2
     rate = GPU.tflops * (FP8_SPEEDUP if quant == "fp8" else 1.0)
     attention = 4.0 * query_rows * kv_len * spec.heads * spec.head_dim * spec.layers * items
-    kv = float(items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token())
+    kv = float(items * (kv_len if decode else query_rows) * spec.kv_bytes_per_token(kv_dtype))
     linear = (
         (body, float(weight_bytes * spec.layers * spec.layer_params), rate),
         (head, float(2 * spec.vocab * spec.hidden), GPU.tflops),
@@ -132,7 +141,7 @@ def serial_bound_ms(row: Row) -> float:
     family = Family(row.model)
     items, query_rows = iteration_shape(family, row.phase, row.size)
     linear, attention = count_parts(
-        full_size(family).shape, items, query_rows, row.context, row.phase == "decode", row.quant
+        full_size(family).shape, items, query_rows, row.context, row.phase == "decode", row.quant, row.kv
     )
     return parts_bound(linear)[0] + parts_bound([attention])[0]
 
@@ -230,15 +239,18 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     context = PROMPT + MASKS
     max_batch = max(args.decode)
     capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8
-    cache = PagedKVCache.for_model(PagePool(capacity), config, dtype=dtype, device=device)
-    backend = make_backend(device, config, dtype=dtype)
+    kv_dtype = fp8.FP8 if args.kv_cache_dtype == "fp8" else dtype
+    cache = PagedKVCache.for_model(PagePool(capacity), config, dtype=kv_dtype, device=device)
+    backend = make_backend(device, config, dtype=dtype, kv_dtype=kv_dtype)
     assert isinstance(backend, FlashInferAttention), "the benchmark measures FlashInfer attention"
     runner = ModelRunner(model, cache, backend)
     pool, rows = cache.pool, []
 
     def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
         items, query_rows = iteration_shape(family, phase, size)
-        linear, attention = count_parts(spec, items, query_rows, ctx, phase == "decode", quant)
+        linear, attention = count_parts(
+            spec, items, query_rows, ctx, phase == "decode", quant, args.kv_cache_dtype
+        )
         flops, nbytes = count(spec, items, query_rows, ctx, phase == "decode")
         bound_ms, by = parts_bound((*linear, attention))
         if quant != "bf16":
@@ -262,6 +274,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
             target,
             error,
             quant,
+            args.kv_cache_dtype,
         )
         rows.append(row)
         print(format_row(row), flush=True)
@@ -454,10 +467,15 @@ def met(row: Row) -> str:
     return "yes" if ok else "NO"
 
 
+def quant_label(row: Row) -> str:
+    """The row's weights, and `+kv8` where its KV cache is FP8."""
+    return row.quant if row.kv == "auto" else f"{row.quant}+kv8"
+
+
 def format_row(row: Row) -> str:
     error = "" if row.error is None else f"{row.error:.1e}"
     return (
-        f"{row.model:<6} {row.quant:<5} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} "
+        f"{row.model:<6} {quant_label(row):<5} {row.phase:<7} {row.size:>5} {row.context:>5} {row.graphs:>6} "
         f"{row.fused!s:>5} "
         f"{row.ms:>8.2f} {row.bound_ms:>8.2f} {row.bound_by:>7} {row.flops / row.ms / 1e9:>7.0f} "
         f"{row.bytes / row.ms / 1e9:>5.2f} {row.ms / row.bound_ms:>7.2f} {row.bound_ms / row.ms:>5.0%} "
@@ -485,6 +503,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--quantization", nargs="+", choices=("bf16", *fp8.QUANTIZATIONS), default=["bf16"],
         help="measure each model with these weights, side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache-dtype", choices=tuple(KV_DTYPE_BYTES), default="auto", help="the paged KV cache's dtype"
+    )
     parser.add_argument("--gemms", action="store_true", help="time each FP8 linear layer's GEMM alone")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")

@@ -109,3 +109,15 @@ def test_fp8_rows_are_held_to_issue_30s_times() -> None:
     row = replace(decode_row(Family.LLADA, 8, ms=5.4), quant="fp8", target="<=5.5ms")
     assert met(row) == "yes" and met(replace(row, ms=5.6)) == "NO"
     assert serial_bound_ms(row) < serial_bound_ms(replace(row, quant="bf16"))
+
+
+def test_an_fp8_kv_cache_halves_the_kv_bytes_only_and_labels_its_rows(tmp_path, capsys) -> None:
+    spec = full_size(Family.LLADA).shape
+    (body, head), attention = count_parts(spec, 8, BLOCK, 1819, True, "fp8")
+    (body8, head8), attention8 = count_parts(spec, 8, BLOCK, 1819, True, "fp8", "fp8")
+    assert (body8, head8) == (body, head) and attention8 == (attention[0], attention[1] / 2, attention[2])
+    path = tmp_path / "kv.json"
+    row = replace(decode_row(Family.LLADA, 8, ms=7.0), quant="fp8", kv="fp8")
+    path.write_text(json.dumps([asdict(row) | {"met": ""}]))
+    main(["--table", str(path)])
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["llada", "fp8+kv8"]

@@ -455,6 +455,7 @@ def gpu_over_profile(events: list[dict[str, Any]], phases: list[Phase], profile:
     its latest prefill's tokens)."""
     from sangam.batcher import Microbatch
 
+    cost = profile.cost_model()
     seq: dict[str, int] = {}
     ratios: dict[str, list[float]] = defaultdict(list)
     for e in events:
@@ -470,7 +471,7 @@ def gpu_over_profile(events: list[dict[str, Any]], phases: list[Phase], profile:
         prefills = tuple(_request(tokens) for _, _, tokens in e["prefills"])
         mb = Microbatch(decodes, prefills, waiting=0, deficit_before=0, budget=0.0, deficit_after=0)
         kind = "mixed" if decodes and prefills else "prefill" if prefills else "decode"
-        ratios[kind].append((e["gpu"]["t1"] - e["gpu"]["t0"]) / 1e9 / profile.cost_model().seconds(mb))
+        ratios[kind].append((e["gpu"]["t1"] - e["gpu"]["t0"]) / 1e9 / cost.seconds(mb))
     return {kind: stats(rs) for kind, rs in sorted(ratios.items())}
 
 

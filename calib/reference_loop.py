@@ -29,7 +29,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +40,7 @@ from profiles.testbed import LoopEntry, Sourced, Testbed
 from profiles.testbeds import load_testbed, new_testbed_file, write_testbed
 from runs.build import ROOT
 from runs.config import RunConfig, load_progress, workload_points
+from runs.results import percentile
 from sangam.cost import IterationKind
 from sim.run import simulate
 from sim.setup import Resolver
@@ -182,15 +182,10 @@ def replay_errors(testbed: Testbed, replay: Path = REPLAY) -> dict[str, dict[str
     return out
 
 
-def p99(xs: Sequence[float]) -> float:
-    """The nearest-rank 99th percentile."""
-    return sorted(xs)[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
-
-
 SUMMARIES: dict[str, Callable[[Sequence[float]], float]] = {
     "mean": statistics.fmean,
     "median": statistics.median,
-    "p99": p99,
+    "p99": lambda xs: percentile(sorted(xs), 99),  # as the simulator's summaries
 }
 
 

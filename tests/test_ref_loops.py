@@ -400,6 +400,7 @@ def test_the_handoff_runs_from_the_prefill_batchs_end_to_its_sends_start() -> No
         _event("coord", 12.5, 41, rid="b", block=0),
         _event("send", 13, 20, rid="a"),
         _event("send", 16, 25, rid="b"),
+        _event("send", 45, 50, rid="a"),  # a's next block's send: its own transfer's is the first after
         _event("coord", 50, 60, rid="c", block=0),  # no batch made c's KV here: left out
     ]
     assert prefill_end_to_send(events) == pytest.approx([3.0, 6.0])

@@ -235,7 +235,9 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     if quant != "bf16":
         fp8.quantize_model(model, quant)
         torch.cuda.empty_cache()
-    print(f"# {family.value} {quant}: weights {fp8.weight_bytes(model) / 2**30:.2f} GiB", flush=True)
+    fp8.FAST_ACCUM = args.fast_accum  # this process's (bench_alone spawns one per model)
+    weights = fp8.weight_bytes(model) / 2**30
+    print(f"# {family.value} {quant} (fast accumulation {args.fast_accum}): weights {weights:.2f} GiB")
     context = PROMPT + MASKS
     max_batch = max(args.decode)
     capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8
@@ -507,6 +509,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--kv-cache-dtype", choices=tuple(KV_DTYPE_BYTES), default="auto", help="the paged KV cache's dtype"
     )
     parser.add_argument("--gemms", action="store_true", help="time each FP8 linear layer's GEMM alone")
+    parser.add_argument(
+        "--fast-accum", action="store_true", help="FP8 GEMMs with cuBLASLt's fast accumulation"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")
     return parser.parse_args(argv)

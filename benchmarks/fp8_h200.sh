@@ -4,9 +4,12 @@
 #   1. the FP8 GPU tests (tests/executor/test_fp8_gpu.py): quantizers, scaled GEMM, graphs, accuracy bounds;
 #   2. benchmarks.executor_speed, bf16 and FP8 side by side for LLaDA-8B and Dream-7B: decode of 8 and 32
 #      items, prefill of 2,048 tokens, each linear layer's GEMM alone, kernel breakdowns at 8 and 32 items;
-#   3. benchmarks.fp8_accuracy: FP8 against bf16 on the same random weights.
+#   3. benchmarks.fp8_accuracy: FP8 against bf16 on the same random weights;
+#   4. attention: benchmarks.kv_attention_speed, attention alone over bf16 and FP8 pages;
+#   5. speed-kv8: FP8 weights over an FP8 KV cache (executor_speed --kv-cache-dtype fp8), with breakdowns;
+#   6. fast: the same and fp8_accuracy with cuBLASLt's fast FP8 accumulation (--fast-accum).
 # Each step has its own time limit, so what finished comes back when a later one does not. Steps can be
-# picked: `bash benchmarks/fp8_h200.sh tests speed accuracy` (the default is all three).
+# picked: `bash benchmarks/fp8_h200.sh tests speed accuracy` (the default is those three).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -14,8 +17,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD"
 OUT=${OUT:-/tmp/fp8-out}
 mkdir -p "$OUT"
-# FlashInfer's JIT cache from an earlier call, when one is carried (step jit writes $OUT/fi-cache.tgz)
-[[ -f .jit/fi-cache.tgz ]] && mkdir -p ~/.cache && tar xzf .jit/fi-cache.tgz -C ~/.cache
+# FlashInfer's JIT cache from an earlier call, when one is carried (step jit writes it in 15 MB parts,
+# $OUT/fi-cache.tgz.part-*, small enough to come back)
+JIT_PARTS=$(ls .jit/fi-cache.tgz.part-* 2>/dev/null)
+[[ -n $JIT_PARTS ]] && mkdir -p ~/.cache && cat $JIT_PARTS | tar xz -C ~/.cache
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw --format=csv,noheader
 python3 -c 'import torch, flashinfer, triton; print("torch", torch.__version__, "flashinfer",
     flashinfer.__version__, "triton", triton.__version__)'
@@ -27,7 +32,7 @@ STEPS=("$@")
 [[ ${#STEPS[@]} -eq 0 ]] && STEPS=(tests speed accuracy)
 
 step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'
-[[ -f .jit/fi-cache.tgz ]] || tar czf "$OUT/fi-cache.tgz" -C ~/.cache flashinfer 2>/dev/null
+cache() { tar cz -C ~/.cache flashinfer 2>/dev/null | split -b 15m - "$OUT/fi-cache.tgz.part-"; }
 if wanted tests; then
     step tests 110 python3 -m pytest -m gpu tests/executor/test_fp8_gpu.py -q -x -p no:cacheprovider \
         -o addopts="" 2>&1 | tee "$OUT/tests.txt" | tail -n 30
@@ -41,3 +46,19 @@ if wanted accuracy; then
     step accuracy 100 python3 -m benchmarks.fp8_accuracy --prompts 8 --blocks 4 --json "$OUT/accuracy.json" \
         2>&1 | tee "$OUT/accuracy.txt" | tail -n 20
 fi
+if wanted attention; then
+    step attention 150 python3 -m benchmarks.kv_attention_speed 2>&1 | tee "$OUT/attention.txt"
+fi
+if wanted speed-kv8; then
+    step speed-kv8 200 python3 -m benchmarks.executor_speed --models llada dream --quantization fp8 \
+        --kv-cache-dtype fp8 --prefill 2048 --decode 8 32 --profile 8 32 --json "$OUT/speed-kv8.json" 2>&1 \
+        | tee "$OUT/speed-kv8.txt" | grep -v '^\[profile\]     ' | grep -v '^#   host' | tail -n 40
+fi
+if wanted fast; then
+    step fast 150 python3 -m benchmarks.executor_speed --models llada dream --quantization fp8 \
+        --kv-cache-dtype fp8 --fast-accum --prefill 2048 --decode 8 32 --json "$OUT/speed-fast.json" 2>&1 \
+        | tee "$OUT/speed-fast.txt" | tail -n 12
+    step fast-accuracy 100 python3 -m benchmarks.fp8_accuracy --fast-accum --prompts 8 --blocks 4 \
+        --json "$OUT/accuracy-fast.json" 2>&1 | tee "$OUT/accuracy-fast.txt" | tail -n 20
+fi
+[[ -n $JIT_PARTS ]] || cache

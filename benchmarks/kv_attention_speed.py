@@ -1,0 +1,156 @@
+"""Attention alone over the paged KV of decode items, by query and KV dtype (one GPU, FlashInfer's fa2).
+
+Run on the accelerator machine, from the repository root (FlashInfer installed):
+
+    python -m benchmarks.kv_attention_speed [--models llada dream] [--items 8 32] [--context 1819]
+
+For each model's attention shape (LLaDA-8B: 32 query and 32 KV heads; Dream-7B: 28 and 4; head_dim 128) and
+each count of decode items (each forwarding its block's rows over `--context` cached positions, pages in
+random order), one layer's `FlashInferAttention.run` is timed, captured 20 times in a CUDA graph, as the
+decode graphs run it (`exact`: an unsplit grid, `split`: FlashInfer's split-KV plan), for these pairs of
+query / KV dtype: bf16 / bf16 (the bf16 executor), bf16 / fp8 (`--kv-cache-dtype fp8` as served),
+fp16 / fp8 (the queries cast to fp16, where Hopper converts E4M3 to fp16 in one instruction) and fp16 /
+fp16. Each row gives us per call, the KV read rate (GB/s; bytes of the pages read), the casts fp16 queries
+would add (q to fp16 and the output back to bf16, us), and the output's relative error against bf16 / bf16
+over the same values (||o - o_ref|| / ||o_ref||). Only stdout is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import threading
+from collections.abc import Callable
+
+import torch
+
+from executor.model.attention import AttentionLayout
+from executor.model.config import Family, full_size
+from executor.model.flashinfer_backend import FlashInferAttention
+from sangam.hardware import BLOCK, PAGE, pages_for
+
+FP8 = torch.float8_e4m3fn
+PAIRS = {  # label: (query dtype, KV dtype)
+    "bf16/bf16": (torch.bfloat16, torch.bfloat16),
+    "bf16/fp8": (torch.bfloat16, FP8),
+    "fp16/fp8": (torch.float16, FP8),
+    "fp16/fp16": (torch.float16, torch.float16),
+}
+CALLS = 20
+
+
+def graphed_us(fn: Callable[[], object], replays: int = 10) -> float:
+    """Median us of one `fn` call, `CALLS` calls captured in one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def warm_up(heads: int, kv_heads: int) -> None:
+    """Compile every (q, KV) module at once, in threads (each build is its own ninja process)."""
+
+    def build(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+        backend = FlashInferAttention(heads, kv_heads, 128, dtype=q_dtype, kv_dtype=kv_dtype)
+        kv = torch.randn(2, 2, PAGE, kv_heads, 128, device="cuda").to(kv_dtype)
+        backend.plan(AttentionLayout.build([3], [20], [[0, 1]]))
+        backend.run(torch.randn(3, heads, 128, device="cuda", dtype=q_dtype), kv)
+
+    torch.zeros(1, device="cuda")
+    threads = [threading.Thread(target=build, args=pair) for pair in PAIRS.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def bench(family: Family, items: int, context: int, generator: torch.Generator) -> None:
+    shape = full_size(family).shape
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
+    rows = BLOCK + full_size(family).logit_shift
+    per_item = pages_for(context)
+    order = torch.randperm(items * per_item, generator=generator).tolist()
+    tables = [order[i * per_item : (i + 1) * per_item] for i in range(items)]
+    layout = AttentionLayout.build([rows] * items, [context] * items, tables)
+    kv32 = torch.randn(items * per_item, 2, PAGE, kv_heads, dim, generator=generator)
+    q32 = torch.randn(items * rows, heads, dim, generator=generator)
+    kv_by = {
+        d: kv32.to(torch.float16 if d == FP8 else d).to(d).cuda()
+        for d in (torch.bfloat16, torch.float16, FP8)
+    }
+    kv_bytes = items * context * 2 * kv_heads * dim
+    q_bf16 = q32.to(torch.bfloat16).cuda()
+    o_half = q_bf16.to(torch.float16)
+    cast_us = graphed_us(lambda: q_bf16.to(torch.float16)) + graphed_us(lambda: o_half.to(torch.bfloat16))
+    reference: torch.Tensor | None = None
+    for label, (q_dtype, kv_dtype) in PAIRS.items():
+        q = q32.to(q_dtype).cuda()
+        kv = kv_by[kv_dtype]
+        for mode in ("exact", "split"):
+            try:
+                backend = FlashInferAttention(
+                    heads,
+                    kv_heads,
+                    dim,
+                    dtype=q_dtype,
+                    kv_dtype=kv_dtype,
+                    cuda_graph_batch=items,
+                    max_pages=items * per_item,
+                    exact_grid=mode == "exact",
+                )
+                backend.plan(layout)
+                us = graphed_us(functools.partial(backend.run, q, kv))
+                out = backend.run(q, kv).float()
+            except Exception as error:  # a mode FlashInfer refuses for this shape: say so, go on
+                print(f"{family.value:<6} {items:>3} {label:<10} {mode:<6} failed: {error}", flush=True)
+                continue
+            if reference is None:
+                reference = out
+            rel = float((out - reference).norm() / reference.norm())
+            rate = kv_bytes * kv_by[kv_dtype].element_size() / (us * 1e-6) / 1e9
+            casts = f"{cast_us:.1f}" if q_dtype == torch.float16 else ""
+            print(
+                f"{family.value:<6} {items:>3} {context:>5} {label:<10} {mode:<6} {us:>8.1f} {rate:>7.0f} "
+                f"{casts:>7} {rel:>8.4f}",
+                flush=True,
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["llada", "dream"], choices=["llada", "dream"])
+    parser.add_argument("--items", nargs="+", type=int, default=[8, 32])
+    parser.add_argument("--context", type=int, default=1819)
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    print(
+        f"{'model':<6} {'B':>3} {'ctx':>5} {'q/kv':<10} {'grid':<6} {'us':>8} {'GB/s':>7} {'casts':>7} "
+        f"{'rel.err':>8}"
+    )
+    for name in args.models:
+        family = Family(name)
+        shape = full_size(family).shape
+        warm_up(shape.heads, shape.kv_heads)
+        for items in args.items:
+            bench(family, items, args.context, generator)
+
+
+if __name__ == "__main__":
+    main()

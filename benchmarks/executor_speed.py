@@ -235,9 +235,9 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     if quant != "bf16":
         fp8.quantize_model(model, quant)
         torch.cuda.empty_cache()
-    fp8.FAST_ACCUM = args.fast_accum  # this process's (bench_alone spawns one per model)
+    fp8.FAST_ACCUM = not args.exact_accum  # this process's (bench_alone spawns one per model)
     weights = fp8.weight_bytes(model) / 2**30
-    print(f"# {family.value} {quant} (fast accumulation {args.fast_accum}): weights {weights:.2f} GiB")
+    print(f"# {family.value} {quant} (fast accumulation {fp8.FAST_ACCUM}): weights {weights:.2f} GiB")
     context = PROMPT + MASKS
     max_batch = max(args.decode)
     capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8
@@ -437,7 +437,8 @@ def graphed_ms(fn: Callable[[], object], calls: int = 24, replays: int = 10) -> 
 
 def gemms(family: Family) -> None:
     """Each linear layer's GEMM alone, at decodes of 8 and 32 items and a 2,048-token prefill: bf16
-    against FP8 (row-wise scales, as `Fp8Linear` runs it; with fast accumulation; per-tensor scales)
+    against FP8 (row-wise scales without and with fast accumulation, the second as `Fp8Linear` runs it;
+    per-tensor scales)
     and the per-token quantization kernel. Weights rotate over 4 copies, so most miss the L2."""
     device = torch.device("cuda")
     rows_per_item = BLOCK + full_size(family).logit_shift
@@ -510,7 +511,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--gemms", action="store_true", help="time each FP8 linear layer's GEMM alone")
     parser.add_argument(
-        "--fast-accum", action="store_true", help="FP8 GEMMs with cuBLASLt's fast accumulation"
+        "--exact-accum", action="store_true", help="FP8 GEMMs without fast accumulation (the default has it)"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")

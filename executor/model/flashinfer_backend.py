@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-KV_DTYPES = (*HALF_DTYPES, torch.float8_e4m3fn)  # fa2 reads FP8 pages under fp16/bf16 queries
+FP8 = torch.float8_e4m3fn
+KV_DTYPES = (*HALF_DTYPES, FP8)  # fa2 reads FP8 pages under fp16/bf16 queries
 FA2 = "fa2"  # pinned: correct for causal=False on Hopper (docs/design.md section 5)
 REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals
 
@@ -65,6 +66,16 @@ def supports(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dty
     return on_cuda and dtype in HALF_DTYPES and (kv_dtype or dtype) in KV_DTYPES and flashinfer_available()
 
 
+def query_dtype(dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel reads queries in: fp16 over FP8 pages, else the queries' own.
+
+    fa2 widens each FP8 page to the query dtype in its inner loop: to fp16 in one Hopper instruction, to
+    bf16 through bit arithmetic that made attention over FP8 pages 2.5x slower than over bf16 pages on an
+    H200, against 1.5x with fp16 queries (`benchmarks/kv_attention_speed.py`, docs/executor-performance.md).
+    The output stays in the queries' dtype."""
+    return torch.float16 if kv_dtype == FP8 else dtype
+
+
 def _require() -> ModuleType:
     module = flashinfer_module()
     if module is None:
@@ -93,7 +104,8 @@ class FlashInferAttention:
     """Non-causal paged attention of one microbatch through FlashInfer's batch-prefill kernel (fa2).
 
     `plan(layout)` runs once per microbatch on the layout's host CSR arrays; `run(q, kv_layer)` once per
-    layer, with q `(T, heads, head_dim)` (strided rows are fine) and `kv_layer` one `PagedKVCache` layer.
+    layer, with q `(T, heads, head_dim)` (strided rows are fine) and `kv_layer` one `PagedKVCache` layer; over
+    FP8 pages the kernel reads the queries in fp16 (`query_dtype`) and writes the output in q's dtype.
     With `cuda_graph_batch=b` the wrapper keeps the CSR arrays in fixed device buffers sized for exactly `b`
     items and at most `max_pages` pages, so `run` can be captured in a CUDA graph and `plan` redone before
     every replay.
@@ -116,6 +128,7 @@ class FlashInferAttention:
         flashinfer = _require()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.dtype, self.kv_dtype = dtype, kv_dtype or dtype
+        self.query_dtype = query_dtype(self.dtype, self.kv_dtype)
         if self.dtype not in HALF_DTYPES or self.kv_dtype not in KV_DTYPES:
             raise ValueError(
                 f"FlashInfer attention needs fp16/bf16 q and fp16/bf16/fp8 KV, not "
@@ -187,8 +200,9 @@ class FlashInferAttention:
                 self.head_dim,
                 PAGE,
                 causal=False,
-                q_data_type=self.dtype,
+                q_data_type=self.query_dtype,
                 kv_data_type=self.kv_dtype,
+                o_data_type=self.dtype,
             )
             if self.exact_grid:
                 self._replan(layout)
@@ -244,7 +258,7 @@ class FlashInferAttention:
     def run(self, q: Tensor, kv_layer: Tensor) -> Tensor:
         # An explicit output saves the memset FlashInfer does when it allocates one (torch.zeros).
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        result: Tensor = self._wrapper.run(q, kv_layer, out=out)
+        result: Tensor = self._wrapper.run(q.to(self.query_dtype), kv_layer, out=out)
         return result
 
 

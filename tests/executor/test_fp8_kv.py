@@ -18,6 +18,7 @@ from torch import Tensor
 
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family, tiny
+from executor.model.flashinfer_backend import query_dtype
 from executor.model.forward import ModelRunner
 from executor.model.kv_cache import KVSlots, PagedKVCache, kv_dtype
 from executor.model.loading import random_model
@@ -87,3 +88,11 @@ def test_fp8_kv_logits_stay_within_e4m3_rounding_of_fp32_kv(family: Family, seed
     fp8 = relative_error(block_logits(family, seed, FP8), exact)
     bf16 = relative_error(block_logits(family, seed, torch.bfloat16), exact)
     assert 0 < fp8 <= FP8_OVER_BF16 * bf16
+
+
+def test_fa2_reads_queries_in_fp16_over_fp8_pages_only() -> None:
+    # FlashInfer's fa2 widens FP8 pages to the query dtype: in one Hopper instruction to fp16, not to bf16
+    assert query_dtype(torch.bfloat16, FP8) == torch.float16
+    assert query_dtype(torch.float16, FP8) == torch.float16
+    assert query_dtype(torch.bfloat16, torch.bfloat16) == torch.bfloat16
+    assert query_dtype(torch.float16, torch.float16) == torch.float16

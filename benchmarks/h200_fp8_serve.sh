@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Issue 30 on the lent H200, one call (run from the repository root; wheels in .whl: flashinfer-python 0.6.3,
 # apache-tvm-ffi, simpy, grpcio, grpcio-health-checking, protobuf, sangam serve's fastapi, starlette,
-# pydantic, uvicorn, openai and their needs; .jit/fi-cache.tgz optional). LLaDA-8B, random weights, FP8
-# weights and FP8 KV (`--quantization fp8 --kv-cache-dtype fp8`):
+# pydantic, uvicorn, openai and their needs; .jit/fi-cache.tgz.part-* optional, as fp8_h200.sh writes it).
+# LLaDA-8B (and Dream-7B's profile), random weights, FP8 weights and FP8 KV (`--quantization fp8
+# --kv-cache-dtype fp8`):
 #   jit      FlashInfer's modules for bf16 and FP8 pages;
-#   tests    tests/executor/test_fp8_kv_gpu.py (-m gpu), then test_fp8_gpu.py if TESTS_ALL=1;
+#   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
+#            TESTS_ALL=1;
 #   profile  sangam profile -> profile/h200-fp8-kvfp8/llada-8b.* (in profile.tgz);
 #   search   sangam fit --profile makes sangam-h200-fp8 from it (testbed/, in profile.tgz); sangam search of
 #            one colocated H200 at p99_e2el_s=20 (the README's SLO) on it with --kv-cache-dtype fp8
 #            (search-fp8.csv) and, beside it, on sangam-h200 (the shipped bf16 profile; search-bf16.csv);
 #   live     the live half of a held-out sangam validate: sangam live of the FP8 run at 80% of the FP8
-#            capacity, 150 requests, seed 13, iteration log -> validate/live-qpsQ/ (in validate.tgz);
+#            capacity, REQUESTS (150) requests for each of SEEDS (13), iteration log ->
+#            validate/seedS/live-qpsQ/ (in validate.tgz): one seed's log can refit the profile
+#            (sangam profile --from-log) and another seed's run stays held out;
+#   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason.
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
@@ -22,7 +27,7 @@
 # Then, here: the simulator half of validate and the shipped testbed (docs/executor-performance.md).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}
+DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}
 OUT=${OUT:-/tmp/h200-fp8-serve-out}
 SLO=p99_e2el_s=20
 FP8=(--quantization fp8 --kv-cache-dtype fp8)
@@ -30,7 +35,7 @@ if [[ $DRY == 1 ]]; then
     PROFILE=(python3 -m benchmarks.dry_profile --repeats 1); REQUESTS=8
     PLACE=(--workers 1 --model tiny-llada --pages 4096); SEARCH_N=(-n 400)
 else
-    PROFILE=(python3 -m cli.main profile); REQUESTS=150
+    PROFILE=(python3 -m cli.main profile); REQUESTS=${REQUESTS:-150}
     PLACE=(--gpus 1 --model llada-8b); SEARCH_N=()
 fi
 mkdir -p "$OUT"
@@ -50,7 +55,7 @@ step() {
 }
 
 say "h200_fp8_serve: DRY=$DRY BUDGET=$BUDGET OUT=$OUT"
-if [[ -d .whl ]]; then
+if [[ -d .whl && $DRY != 1 ]]; then  # the wheels are for the device (cp312)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
     export PYTHONPATH="/tmp/site:$PWD"
@@ -59,39 +64,45 @@ else
 fi
 if [[ $DRY != 1 ]]; then
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
-    [[ -f .jit/fi-cache.tgz ]] && mkdir -p ~/.cache && tar xzf .jit/fi-cache.tgz -C ~/.cache
+    JIT_PARTS=$(ls .jit/fi-cache.tgz.part-* 2>/dev/null)
+    [[ -n $JIT_PARTS ]] && mkdir -p ~/.cache && cat $JIT_PARTS | tar xz -C ~/.cache
     step jit 150 python3 -c 'import torch
 from executor.model.flashinfer_backend import warm_up_kernels as w
 print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
-    [[ -f .jit/fi-cache.tgz ]] || tar czf "$OUT/fi-cache.tgz" -C ~/.cache flashinfer 2>/dev/null
+    [[ -n $JIT_PARTS ]] || tar cz -C ~/.cache flashinfer 2>/dev/null | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 
-GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py)
+GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_flashinfer_gpu.py)
 [[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
-step tests 90 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
+step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
     --junit-xml=/tmp/fp8-tests.xml
 [[ -f /tmp/fp8-tests.xml ]] && cp /tmp/fp8-tests.xml "$OUT/tests.xml"
 
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"
 DATA="$OUT/profile/h200-fp8-kvfp8"
 [[ -f $DATA/llada-8b.csv ]] && step testbed 30 python3 -m cli.main fit --profile "$DATA" \
-    --testbed sangam-h200 --name sangam-h200-fp8 --out "$OUT/testbed"
+    --testbed sangam-h200 --name sangam-h200-fp8-call --out "$OUT/testbed"  # a shipped name is never replaced
 # the bf16 capacity (shipped profile) beside the FP8 one: a CPU job, run while the FP8 one runs
 SEARCH=(python3 -m cli.main search --model llada-8b --gpus 1 --layouts colocated --slo "$SLO" "${SEARCH_N[@]}")
 timeout 120 "${SEARCH[@]}" --testbed sangam-h200 --out "$OUT/search-bf16.csv" > /tmp/search-bf16.log 2>&1 &
 BF16=$!
-[[ -f $OUT/testbed/sangam-h200-fp8.json ]] && step search 90 "${SEARCH[@]}" \
-    --testbed "$OUT/testbed/sangam-h200-fp8.json" --kv-cache-dtype fp8 --out "$OUT/search-fp8.csv"
+[[ -f $OUT/testbed/sangam-h200-fp8-call.json ]] && step search 90 "${SEARCH[@]}" \
+    --testbed "$OUT/testbed/sangam-h200-fp8-call.json" --kv-cache-dtype fp8 --out "$OUT/search-fp8.csv"
 wait "$BF16"; cat /tmp/search-bf16.log >> "$LOG"
 capacity() { python3 -c 'import csv, sys; print(next(csv.DictReader(open(sys.argv[1])))["max_qps_under_slo"])' "$1"; }
 QPS=""
 if [[ -f $OUT/search-fp8.csv ]]; then
     QPS=$(python3 -c 'import sys; print(f"{round(0.8 * float(sys.argv[1]), 2):g}")' "$(capacity "$OUT/search-fp8.csv")")
     say "FP8 capacity $(capacity "$OUT/search-fp8.csv") QPS; the live run at 80%: $QPS QPS"
-    RUN="$OUT/validate/live-qps$QPS"
-    step live 220 python3 -m cli.main live --mode colocated "${PLACE[@]}" --gpu h200 "${FP8[@]}" --seed 13 \
-        --num-requests "$REQUESTS" --qps "$QPS" --out "$RUN" --iteration-log "$RUN/iterations.csv"
+    for SEED in $SEEDS; do
+        RUN="$OUT/validate/seed$SEED/live-qps$QPS"
+        step "live-seed$SEED" 220 python3 -m cli.main live --mode colocated "${PLACE[@]}" --gpu h200 "${FP8[@]}" \
+            --seed "$SEED" --num-requests "$REQUESTS" --qps "$QPS" --out "$RUN" --iteration-log "$RUN/iterations.csv"
+    done
 fi
+
+DREAM=(--model dream-7b)  # DRY=1: dry_profile runs its tiny twin
+step dream 150 "${PROFILE[@]}" "${DREAM[@]}" --gpu h200 "${FP8[@]}" --out "$OUT/profile"
 
 step serve 120 python3 -m benchmarks.checkpoint_serve chat --max-tokens 64 128 --log /tmp/serve-fp8.log \
     --json "$OUT/chat.json" -- "${PLACE[@]}" --gpu h200 "${FP8[@]}" --mask-len 128
@@ -105,11 +116,14 @@ print("GPU tests:", {k: s.get(k) for k in ("tests", "failures", "errors", "skipp
     grep -h "MAPE" "$LOG" | tail -n 1
     [[ -f $OUT/search-bf16.csv ]] && echo "capacity bf16 (sangam-h200): $(capacity "$OUT/search-bf16.csv") QPS at $SLO"
     [[ -f $OUT/search-fp8.csv ]] && echo "capacity FP8 (sangam-h200-fp8, FP8 KV): $(capacity "$OUT/search-fp8.csv") QPS at $SLO"
-    [[ -n $QPS && -f $RUN/summary.json ]] && python3 -c 'import json, sys
+    for SEED in $SEEDS; do
+        RUN="$OUT/validate/seed$SEED/live-qps$QPS"
+        [[ -n $QPS && -f $RUN/summary.json ]] && python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))
 done, mean, p99, pages = s["completed"], s["mean_e2el_ms"] / 1e3, s["p99_e2el_ms"] / 1e3, s["config"]["kv_pages"]
-print(f"live FP8 at {sys.argv[2]} QPS: {done} requests, mean e2e {mean:.2f} s, p99 {p99:.2f} s, KV pages {pages}")' \
-        "$RUN/summary.json" "$QPS"
+print(f"live FP8 at {sys.argv[2]} QPS, seed {sys.argv[3]}: {done} requests, mean e2e {mean:.2f} s, "
+      f"p99 {p99:.2f} s, KV pages {pages}")' "$RUN/summary.json" "$QPS" "$SEED"
+    done
     [[ -f $OUT/chat.json ]] && python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 for t in c["turns"]:
@@ -122,6 +136,6 @@ print(f"serve ready after {ready} s; " + ("ok" if c["ok"] else "FAILED"))' \
 PARTS=(); for d in profile testbed; do [[ -d $OUT/$d ]] && PARTS+=("$d"); done
 (( ${#PARTS[@]} )) && tar czf "$OUT/profile.tgz" -C "$OUT" "${PARTS[@]}" && rm -rf "$OUT/profile" "$OUT/testbed"
 [[ -d $OUT/validate ]] && tar czf "$OUT/validate.tgz" -C "$OUT" validate && rm -rf "$OUT/validate"
-[[ -f $OUT/fi-cache.tgz ]] && rm -f "$OUT/summary.txt"  # eight files at most: the summary ends steps.log
+[[ -n $(ls "$OUT"/fi-cache.tgz.part-* 2>/dev/null) ]] && rm -f "$OUT/summary.txt"  # the summary ends steps.log
 say "done after $SECONDS s"
 ls -la "$OUT" | tee -a "$LOG"

@@ -130,8 +130,8 @@ def main() -> None:
     st.title("Simulated vs live")
     st.caption(
         "Load what `sangam live --out DIR` wrote; the same config and the same requests then run "
-        "through the simulator, on the testbed of the run's own model and GPU (a run on CPU workers or "
-        "of a tiny test model has none, and the page says so)."
+        "through the simulator, on the testbed of the run's own model, GPU, weights and KV cache (a run on "
+        "CPU workers or of a tiny test model has none, and the page says so)."
     )
     try:
         given = read_inputs()

@@ -25,6 +25,9 @@ from sangam.workload import TraceRow, check_steps
 from sim.options import options_on_testbed
 
 FILES = ("summary.json", "requests.csv", "blocks.csv")  # the last is optional
+# a live run's (--quantization, --kv-cache-dtype) -> the testbed priced for it (sangam-h200-fp8's profile,
+# profiles/data/h200-fp8-kvfp8, was measured with FP8 weights and FP8 KV)
+LIVE_TESTBEDS = {(None, "auto"): "sangam-{gpu}", ("fp8", "fp8"): "sangam-{gpu}-fp8"}
 REQUEST_NEEDS = ("request_id", "arrival", "prompt_len", "output_len", "seq_len", "e2el", "queue", "decode")
 BLOCK_NEEDS = ("request_id", "block", "forwards")
 COMPARED = (
@@ -129,11 +132,12 @@ def live_rows(run: LiveRun) -> tuple[TraceRow, ...]:
 
 
 def twin_testbed(summary: Mapping[str, Any]) -> Testbed:
-    """The testbed that models the run on its own model and device: a simulated run's own testbed, a
-    live run's `sangam-<gpu>` (our executor's profiles on its GPU). InputError saying why none does: a
-    run on CPU workers, or of a model the simulator has no iteration times for (the tiny test models),
-    or on a GPU no shipped testbed models; comparing such a run with a GPU's simulation would report a
-    difference that only says the hardware differs."""
+    """The testbed that models the run on its own model, device, weights and KV cache: a simulated run's
+    own testbed, a live run's `sangam-<gpu>` (our executor's profiles on its GPU), or `sangam-<gpu>-fp8`
+    for FP8 weights and an FP8 KV cache. InputError saying why none does: a run on CPU workers, of a
+    model the simulator has no iteration times for (the tiny test models), or on a GPU or with weights
+    and a KV cache that no shipped testbed is priced for; comparing such a run with a simulation of other
+    hardware or kernels would report a difference that only says they differ."""
     cfg = summary["config"]
     served = str(cfg.get("live_model") or cfg.get("model"))
     devices = [str(d) for d in cfg.get("devices") or []]
@@ -150,7 +154,16 @@ def twin_testbed(summary: Mapping[str, Any]) -> Testbed:
             f"this run served {served}, not {cfg.get('model')}: the simulator has iteration times of "
             f"{', '.join(MODELS)} only, so it has no twin of this run"
         )
-    name = str(summary.get("testbed") or f"sangam-{cfg.get('gpu')}")
+    name = summary.get("testbed")
+    if name is None:
+        kind = (cfg.get("quantization"), cfg.get("kv_cache_dtype", "auto"))
+        if kind not in LIVE_TESTBEDS:
+            raise InputError(
+                f"this run had --quantization {kind[0] or 'none'} and --kv-cache-dtype {kind[1]}, and no "
+                "shipped testbed is priced for those (sangam-<gpu>: bf16 weights and KV, sangam-<gpu>-fp8: "
+                "FP8 weights and KV; a summary.json that records no quantization is of bf16 weights)"
+            )
+        name = LIVE_TESTBEDS[kind].format(gpu=cfg.get("gpu"))
     if name not in known:
         raise InputError(f"no shipped testbed models this run ({name}; known: {', '.join(known)})")
     return load_testbed(name)

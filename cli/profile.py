@@ -19,7 +19,8 @@ class ProfileOptions:
     cuda_graphs: bool = option(True, "time decode-only iterations replayed from CUDA graphs")
     repeats: int = option(5, "timed repeats per iteration shape", parse=positive_int)
     from_log: tuple[Path, ...] = option(
-        (), "refit from live iteration logs (sangam live --iteration-log) instead of measuring", parse=Path,
+        (), "refit from live iteration logs (sangam live --iteration-log) instead of measuring, into the "
+        "profile of --quantization and --kv-cache-dtype; a log of a run with others is refused", parse=Path,
         many=True, metavar="LOG",
     )  # fmt: skip
     out: Path | None = option(
@@ -35,19 +36,16 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiles.store import DATA, load_profile, load_profile_dir, merge_log, profile_directory
+    from profiles.store import DATA, load_profile, load_profile_dir, merge_log, paths, profile_directory
 
     model, gpu, kv_cache_dtype = args.model, args.gpu, args.kv_cache_dtype
     options = collect(ProfileOptions, args)
     quantization = collect(LiveOptions, args).quantization
     root = options.out or DATA
+    directory = profile_directory(gpu, quantization, kv_cache_dtype)
     if options.from_log:
-        if quantization is not None or kv_cache_dtype != "auto":
-            raise SystemExit(
-                "sangam profile: --from-log refits bf16 profiles; --quantization and --kv-cache-dtype are "
-                "for measuring"
-            )
-        merge_log(model, gpu, list(options.from_log), root)
+        merged = merge_log(model, gpu, list(options.from_log), root, quantization, kv_cache_dtype)
+        print(f"merged {merged} iterations into {paths(model, directory, root)[0]}")
     else:
         from calib.profile_runner import run_profile as measure
         from cli.bars import bar
@@ -59,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
                 kv_cache_dtype=kv_cache_dtype,
             )  # fmt: skip
         print(f"wrote {data}")
-    directory = profile_directory(gpu, quantization, kv_cache_dtype)
     if directory != gpu:  # its own directory (h200-fp8-kvfp8), fitted as a profile of the GPU it ran on
         profile = load_profile_dir(model, directory, gpu, root)
     else:

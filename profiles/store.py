@@ -171,11 +171,20 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
     return Coefficients(**report["coefficients"]), report
 
 
-def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
-    """Append the iterations of live logs to a profile's data (its fit is redone on next load)."""
-    data, meta, _ = paths(model, gpu, root)
+def merge_log(
+    model: str,
+    gpu: str,
+    logs: list[Path],
+    root: Path = DATA,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> int:
+    """Append the iterations of live logs to the data of the profile of `model` on `gpu` with those weights
+    and KV cache (`profile_directory`; its fit is redone on next load); how many were appended."""
+    directory = profile_directory(gpu, quantization, kv_cache_dtype)
+    data, meta, _ = paths(model, directory, root)
     if not meta.exists():
-        raise ValueError(f"no profile of {model} on {gpu} to refit: run sangam profile first")
+        raise ValueError(f"no profile of {model} in {meta.parent} to refit: run sangam profile first")
     record = json.loads(meta.read_text())
     text = data.read_bytes()
     seen = {entry.get("sha256") for entry in record.get("merged_logs", ())}
@@ -184,9 +193,9 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     for log in logs:
         digest = hashlib.sha256(log.read_bytes()).hexdigest()
         if digest in seen:
-            raise ValueError(f"{log}: already in the {model} profile's data on {gpu}")
+            raise ValueError(f"{log}: already in the {model} profile's data in {directory}")
         seen.add(digest)
-        _check_log_run(log, model, gpu)
+        _check_log_run(log, model, gpu, quantization, kv_cache_dtype)
         merged.append((log, digest, read_samples(log)))
     with data.open("a", newline="") as f:
         if text and not text.endswith(b"\n"):
@@ -201,12 +210,20 @@ def merge_log(model: str, gpu: str, logs: list[Path], root: Path = DATA) -> int:
     return sum(len(samples) for _, _, samples in merged)
 
 
-def _check_log_run(log: Path, model: str, gpu: str) -> None:
-    """ValueError if the live run beside `log` (its summary.json) ran another model or GPU."""
+def _check_log_run(log: Path, model: str, gpu: str, quantization: str | None, kv_cache_dtype: str) -> None:
+    """ValueError if the live run beside `log` (its summary.json) ran another model, GPU, quantization or
+    KV cache dtype; a run that recorded no quantization (from before it was recorded) had bf16 weights."""
     summary = log.parent / "summary.json"
     if not summary.is_file():
         return
     config = json.loads(summary.read_text()).get("config", {})
-    for key, value in (("model", model), ("gpu", gpu)):
-        if config.get(key, value) != value:
-            raise ValueError(f"{log}: its run was {key} {config[key]!r}, not {value!r}")
+    ran = (
+        config.get("model", model),
+        config.get("gpu", gpu),
+        config.get("quantization") or "none",
+        config.get("kv_cache_dtype", "auto"),
+    )
+    wanted = (model, gpu, quantization or "none", kv_cache_dtype)
+    for key, was, value in zip(("model", "gpu", "quantization", "kv_cache_dtype"), ran, wanted, strict=True):
+        if was != value:
+            raise ValueError(f"{log}: its run was {key} {was!r}, not {value!r}")

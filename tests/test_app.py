@@ -177,6 +177,23 @@ def test_a_cpu_run_of_a_tiny_model_is_not_compared_with_a_gpus_simulation(tmp_pa
     assert len(at.metric) == 0 and charts(at) == 0  # no percentage of an unlike comparison
 
 
+def test_an_fp8_run_is_simulated_on_the_fp8_testbed_and_one_no_testbed_prices_says_so(tmp_path: Path) -> None:
+    from test_app_logic import as_live
+
+    folder = as_live(sim_results_dir(tmp_path), devices=["cuda:0"] * 8, live_model="llada-8b", gpu="h200",
+                     quantization="fp8", kv_cache_dtype="fp8")  # fmt: skip
+    at = live_page()
+    at.text_input(key="live_dir").set_value(str(folder))
+    at.button[0].click().run()
+    assert not at.exception and not at.error and charts(at) == 2
+    shown = at.markdown[0].value
+    assert "simulated on testbed sangam-h200-fp8, iteration times h200-fp8-kvfp8 profile" in shown
+    as_live(folder, quantization=None)  # bf16 weights over FP8 KV: no testbed is priced for it
+    at.button[0].click().run()
+    assert not at.exception and len(at.error) == 1 and charts(at) == 0
+    assert "--quantization none and --kv-cache-dtype fp8, and no shipped testbed" in at.error[0].value
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [

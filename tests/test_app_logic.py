@@ -356,6 +356,34 @@ def test_a_run_is_simulated_on_its_own_model_device_and_testbed(tmp_path: Path) 
         twin_spec(load_directory(other))
 
 
+def test_an_fp8_live_run_is_simulated_on_the_testbed_priced_for_fp8(tmp_path: Path) -> None:
+    """A live run of `--quantization fp8 --kv-cache-dtype fp8` on an H200 twins with `sangam-h200-fp8` (its
+    profile measured with FP8 weights and KV); bf16 weights, recorded or not (an older summary.json), twin
+    with `sangam-h200`; weights and a KV cache no shipped testbed is priced for are refused, saying so."""
+    folder = sim_results_dir(tmp_path / "run", mode="1C", n=10)
+
+    def twin(gpu: str = "h200", **config: Any) -> PointSpec:
+        live = as_live(folder, devices=["cuda:0"], live_model="llada-8b", gpu=gpu, **config)
+        return twin_spec(load_directory(live))
+
+    fp8 = twin(quantization="fp8", kv_cache_dtype="fp8")
+    assert (fp8.options.testbed, fp8.cfg.kv_cache_dtype) == ("sangam-h200-fp8", "fp8")
+    assert run_point(fp8).summary["cost_model"] == "h200-fp8-kvfp8 profile, measured"
+    assert twin(quantization=None, kv_cache_dtype="auto").options.testbed == "sangam-h200"
+    summary = json.loads((folder / "summary.json").read_text())
+    del summary["config"]["quantization"]  # written before runs recorded it: bf16 weights
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert twin(kv_cache_dtype="auto").options.testbed == "sangam-h200"
+    for quantization, kv in ((None, "fp8"), ("fp8", "auto")):
+        with pytest.raises(
+            InputError, match=rf"--quantization {quantization or 'none'} and --kv-cache-dtype {kv}, and no "
+            "shipped testbed is priced for those"
+        ):  # fmt: skip
+            twin(quantization=quantization, kv_cache_dtype=kv)
+    with pytest.raises(InputError, match=r"no shipped testbed models this run \(sangam-h100-fp8; known: "):
+        twin("h100", quantization="fp8", kv_cache_dtype="fp8")
+
+
 def test_a_request_that_stopped_early_keeps_its_blocks(tmp_path: Path) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     files = {name: (folder / name).read_bytes() for name in ("summary.json", "requests.csv", "blocks.csv")}

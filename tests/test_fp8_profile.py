@@ -8,6 +8,7 @@ import csv
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from calib import profile_runner
 from cli.main import main
 from executor.worker.engine import build_model
 from profiles.shapes import Shape
-from profiles.store import DATA, profile_directory, read_samples
+from profiles.store import DATA, merge_log, profile_directory, read_samples
 from sangam.hardware import kv_pages, lookup_gpu, lookup_model
 
 REFERENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "peer-h200"
@@ -32,9 +33,7 @@ def test_each_kind_of_profile_has_its_own_directory() -> None:
     assert profile_directory("h200", "fp8", "fp8") == "h200-fp8-kvfp8"
 
 
-def test_profile_takes_the_kv_cache_dtype_and_refits_from_logs_only_in_bf16(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_profile_takes_the_kv_cache_dtype() -> None:
     from cli.main import UsageError, build_parser
 
     parser = build_parser()
@@ -42,8 +41,68 @@ def test_profile_takes_the_kv_cache_dtype_and_refits_from_logs_only_in_bf16(
     assert parser.parse_args(["profile", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
     with pytest.raises(UsageError, match="invalid choice: 'fp16'"):
         parser.parse_args(["profile", "--kv-cache-dtype", "fp16"])
-    with pytest.raises(SystemExit, match="--from-log refits bf16 profiles"):
-        main(["profile", "--kv-cache-dtype", "fp8", "--from-log", "x.csv"])
+
+
+def live_log(folder: Path, **config: Any) -> Path:
+    """A live iteration log of two iterations, beside the summary.json of a run with `config`."""
+    folder.mkdir()
+    log = folder / "iterations.csv"
+    log.write_text(
+        "worker,start,end,gpu_s,items,cycle_s\n"
+        "0,1.0,1.25,0.2,d:32:1819;d:32:900,0.5\n"
+        "0,1.5,1.75,0.2,p:100:100,0.0\n"
+    )
+    (folder / "summary.json").write_text(
+        json.dumps({"config": {"model": "llada-8b", "gpu": "h200", **config}})
+    )
+    return log
+
+
+def test_from_log_refits_the_fp8_profile_with_logs_of_fp8_runs_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sangam profile --from-log LOG --quantization fp8 --kv-cache-dtype fp8` merges into (a copy of) the
+    shipped FP8 profile and refits it; a log of another run's weights or KV cache is refused there, and a
+    log of an FP8 run is refused by the bf16 profile: one line, exit 2, nothing written."""
+    root = tmp_path / "data"
+    shutil.copytree(DATA / "h200-fp8-kvfp8", root / "h200-fp8-kvfp8")
+    (root / "h200").mkdir()
+    (root / "h200" / "llada-8b.csv").write_text("items,seconds\np:100:100,0.01\n")
+    (root / "h200" / "llada-8b.meta.json").write_text("{}")
+    fp8 = live_log(tmp_path / "fp8", quantization="fp8", kv_cache_dtype="fp8")
+    bf16 = live_log(tmp_path / "bf16", quantization=None, kv_cache_dtype="auto")
+    old = live_log(tmp_path / "old", kv_cache_dtype="fp8")  # no quantization recorded: bf16 weights
+    refit = ["profile", "--model", "llada-8b", "--gpu", "h200", "--out", str(root)]
+    quantized = [*refit, "--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+
+    def files() -> dict[Path, bytes]:
+        return {path: path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+    before = files()
+    refused = [
+        (quantized, bf16, "quantization 'none', not 'fp8'"),
+        (quantized, old, "quantization 'none', not 'fp8'"),
+        (quantized, live_log(tmp_path / "kv", quantization="fp8"), "kv_cache_dtype 'auto', not 'fp8'"),
+        (refit, fp8, "quantization 'fp8', not 'none'"),
+    ]
+    for args, log, message in refused:
+        assert main([*args, "--from-log", str(log)]) == 2
+        err = capsys.readouterr().err
+        assert f"{log}: its run was {message}" in err and err.count("\n") == 1
+    assert files() == before
+    assert main([*quantized, "--from-log", str(fp8)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    data = root / "h200-fp8-kvfp8" / "llada-8b.csv"
+    assert out[0] == f"merged 2 iterations into {data}"
+    shipped = len(read_samples(DATA / "h200-fp8-kvfp8" / "llada-8b.csv"))
+    assert len(read_samples(data)) == shipped + 2
+    assert out[1].startswith(f"llada-8b on h200: {shipped + 2} iterations")  # the FP8 profile's refit
+    fit = json.loads((root / "h200-fp8-kvfp8" / "llada-8b.fit.json").read_text())
+    assert fit["points"] == shipped + 2
+    merged = json.loads((root / "h200-fp8-kvfp8" / "llada-8b.meta.json").read_text())["merged_logs"]
+    assert [entry["log"] for entry in merged] == ["fp8/iterations.csv"]
+    assert (root / "h200" / "llada-8b.csv").read_bytes() == before[root / "h200" / "llada-8b.csv"]
+    assert merge_log("llada-8b", "h200", [bf16], root) == 2  # the bf16 profile takes a bf16 run's log
 
 
 def test_the_fp8_grid_holds_every_shape_of_the_reference_peer_profile() -> None:

@@ -79,6 +79,7 @@ def test_live_replay_with_two_workers_writes_sim_results(
     assert summary["completed"] == 30 and summary["failed"] == 0
     assert summary["config"]["num_requests"] == 30  # all the trace holds, though 40 were asked for
     assert summary["config"]["workers"] == 2 and summary["config"]["mask_len"] == 64
+    assert summary["config"]["quantization"] is None  # bf16 weights (float32 on CPU)
     for row in requests:
         parts = sum(float(row[p]) for p in PARTS)
         assert math.isclose(parts, float(row["e2el"]), rel_tol=1e-9, abs_tol=1e-9)
@@ -217,6 +218,21 @@ def test_record_round_trip_keeps_every_time() -> None:
     assert back.finished and back.steps == req.steps and back.arrival == 0.0
     assert back.blocks[0].decode_worker == 1 and back.blocks[1].decode_start is None
     assert math.isclose(back.blocks[1].end or 0, 0.8)
+
+
+def test_a_live_runs_summary_records_its_quantization(tmp_path: Path) -> None:
+    """What the explorer twins a run by, and what `sangam profile --from-log` checks a log's run against."""
+    trace = write_trace(tmp_path / "trace.csv", 4, qps=20.0, prompt=(4, 40), output=(1, 64), seed=2)
+    out = tmp_path / "out"
+    argv = [
+        "--workers", "1", "--trace", str(trace), "--mask-len", "64", "--progress", "fixed:2",
+        "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--out", str(out),
+        "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    replay(argv)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 4
+    assert (summary["config"]["quantization"], summary["config"]["kv_cache_dtype"]) == ("fp8", "fp8")
 
 
 def test_unsupported_mode_and_short_mask_are_usage_errors(tmp_path: Path) -> None:

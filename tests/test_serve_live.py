@@ -278,6 +278,7 @@ def test_sigterm_drains_running_requests_writes_results_and_exits_0(tmp_path: Pa
     assert (summary["workers_lost"], summary["failed"]) == (0, 0)  # the run's recovery counts
     config = summary["config"]  # what served, and none of the simulator's workload defaults
     assert (config["model"], config["model_spec"], config["weights"]) == ("tiny-llada", "llada-8b", "random")
+    assert (config["quantization"], config["kv_cache_dtype"]) == (None, "auto")
     assert (config["devices"], config["layout"], config["mask_len"]) == (["cpu"], "1C", 256)
     assert config["server"] == "sangam serve" and config["served_model_name"] == ["tiny-llada"]
     assert not {"gpu", "gpus", "qps", "num_requests", "trace", "arrival_cv"} & set(config)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.executor_speed import graphed_ms, time_ms
 from executor.model.attention import AttentionLayout
 from executor.model.config import Family, full_size
 from executor.model.flashinfer_backend import FlashInferAttention
@@ -38,29 +39,6 @@ PAIRS = {  # label: (query dtype, KV dtype)
     "fp16/fp16": (torch.float16, torch.float16),
 }
 CALLS = 20
-
-
-def graphed_us(fn: Callable[[], object], replays: int = 10) -> float:
-    """Median us of one `fn` call, `CALLS` calls captured in one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
 
 
 def warm_up(heads: int, kv_heads: int) -> None:
@@ -124,7 +102,7 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator) 
                     workspace=workspace,  # Dream's 32 items split past the executor's 128 MiB
                 )
                 backend.plan(layout)
-                us = graphed_us(functools.partial(backend.run, q, kv))
+                us = graphed_ms(functools.partial(backend.run, q, kv), calls=CALLS) * 1e3
                 out = backend.run(q, kv).float()
             except Exception as error:  # a mode FlashInfer refuses for this shape: say so, go on
                 print(f"{family.value:<6} {items:>3} {label:<10} {mode:<6} failed: {error}", flush=True)
@@ -140,20 +118,9 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator) 
             )
 
 
-def eager_us(fn: Callable[[], object], replays: int = 10) -> float:
-    """Median us of one `fn` call over `replays` runs of `CALLS` back-to-back calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(CALLS):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
+def eager_us(fn: Callable[[], object]) -> float:
+    """Median us of one `fn` call, timed over `CALLS` back-to-back calls."""
+    return time_ms(lambda: [fn() for _ in range(CALLS)], 3, 10) * 1e3 / CALLS
 
 
 def fa3_rows(family: Family, items: int, context: int, generator: torch.Generator) -> None:

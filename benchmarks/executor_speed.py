@@ -237,7 +237,8 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         torch.cuda.empty_cache()
     fp8.FAST_ACCUM = not args.exact_accum  # this process's (bench_alone spawns one per model)
     weights = fp8.weight_bytes(model) / 2**30
-    print(f"# {family.value} {quant} (fast accumulation {fp8.FAST_ACCUM}): weights {weights:.2f} GiB")
+    accumulation = f" (fast accumulation {fp8.FAST_ACCUM})" if quant != "bf16" else ""
+    print(f"# {family.value} {quant}{accumulation}: weights {weights:.2f} GiB")
     context = PROMPT + MASKS
     max_batch = max(args.decode)
     capacity = max_batch * pages_for(context) + pages_for(max(args.prefill)) + DUMMY_PAGES + 8

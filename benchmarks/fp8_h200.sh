@@ -4,7 +4,8 @@
 #   1. the FP8 GPU tests (tests/executor/test_fp8_gpu.py: quantizers, scaled GEMM, graphs, accuracy bounds;
 #      test_fp8_kv_gpu.py: attention over FP8 pages) and FlashInfer's (test_flashinfer_gpu.py);
 #   2. benchmarks.executor_speed, bf16 and FP8 side by side for LLaDA-8B and Dream-7B: decode of 8 and 32
-#      items, prefill of 2,048 tokens, each linear layer's GEMM alone, kernel breakdowns at 8 and 32 items;
+#      items, prefill of 2,048 tokens, kernel breakdowns at 8 and 32 items (GEMMS=1: each linear layer's
+#      GEMM alone too);
 #   3. benchmarks.fp8_accuracy: FP8 against bf16 on the same random weights;
 #   4. attention: benchmarks.kv_attention_speed, attention alone over bf16 and FP8 pages;
 #   5. speed-kv8: FP8 weights over an FP8 KV cache (executor_speed --kv-cache-dtype fp8), with breakdowns;
@@ -18,8 +19,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD"
 OUT=${OUT:-/tmp/fp8-out}
 mkdir -p "$OUT"
-# FlashInfer's JIT cache from an earlier call, when one is carried (step jit writes it in 15 MB parts,
-# $OUT/fi-cache.tgz.part-*, small enough to come back)
+# FlashInfer's JIT cache from an earlier call, when one is carried (`cache`, after the attention step,
+# writes it in 15 MB parts, $OUT/fi-cache.tgz.part-*, small enough to come back)
 JIT_PARTS=$(ls .jit/fi-cache.tgz.part-* 2>/dev/null)
 [[ -n $JIT_PARTS ]] && mkdir -p ~/.cache && cat $JIT_PARTS | tar xz -C ~/.cache
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw --format=csv,noheader

@@ -8,7 +8,8 @@
 #   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
 #            TESTS_ALL=1;
 #   profile  sangam profile -> profile/h200-fp8-kvfp8/llada-8b.* (in profile.tgz);
-#   search   sangam fit --profile makes sangam-h200-fp8 from it (testbed/, in profile.tgz); sangam search of
+#   search   sangam fit --profile makes sangam-h200-fp8-call from it (testbed/, in profile.tgz: a shipped
+#            name is never replaced, so it is renamed sangam-h200-fp8 where it ships); sangam search of
 #            one colocated H200 at p99_e2el_s=20 (the README's SLO) on it with --kv-cache-dtype fp8
 #            (search-fp8.csv) and, beside it, on sangam-h200 (the shipped bf16 profile; search-bf16.csv);
 #   live     the live half of a held-out sangam validate: sangam live of the FP8 run at 80% of the FP8
@@ -19,9 +20,11 @@
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason.
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
-# the summary always prints. At most 8 files come back: steps.log (everything, the summary at its end),
-# tests.xml, profile.tgz, search-fp8.csv, search-bf16.csv, validate.tgz, chat.json, and fi-cache.tgz when
-# no cache was carried (else summary.txt, the summary alone).
+# the summary always prints. At most 8 files come back (the device tool's limit): steps.log (everything,
+# the summary at its end), tests.xml, profile.tgz, search-fp8.csv, search-bf16.csv, validate.tgz,
+# chat.json, and, when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
+# then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
+# by the same code, or the modules it lacks are built in the jit step each call.
 # DRY=1: the same sequence on this CPU machine: tiny-llada CPU workers, the profile through
 # benchmarks.dry_profile (the tiny twin, 1 repeat), 8 requests, GPU tests collected and skipped.
 # Then, here: the simulator half of validate and the shipped testbed (docs/executor-performance.md).
@@ -116,7 +119,7 @@ s = T.parse(sys.argv[1]).getroot().find("testsuite")
 print("GPU tests:", {k: s.get(k) for k in ("tests", "failures", "errors", "skipped", "time")})' "$OUT/tests.xml"
     grep -h "MAPE" "$LOG"
     [[ -f $OUT/search-bf16.csv ]] && echo "capacity bf16 (sangam-h200): $(capacity "$OUT/search-bf16.csv") QPS at $SLO"
-    [[ -f $OUT/search-fp8.csv ]] && echo "capacity FP8 (sangam-h200-fp8, FP8 KV): $(capacity "$OUT/search-fp8.csv") QPS at $SLO"
+    [[ -f $OUT/search-fp8.csv ]] && echo "capacity FP8 (sangam-h200-fp8-call, FP8 KV): $(capacity "$OUT/search-fp8.csv") QPS at $SLO"
     for SEED in $SEEDS; do
         RUN="$OUT/validate/seed$SEED/live-qps$QPS"
         [[ -n $QPS && -f $RUN/summary.json ]] && python3 -c 'import json, sys

@@ -7,6 +7,9 @@ iteration kind (decode-only by batch size, prefill-only, mixed) the count, the m
 (`profiles.store.live_seconds`: host work included, to the next start where the loop went straight on),
 the mean GPU time of the forward, and the profile's error on them (the GPU's profile, or the one in
 `--profile DIR` under profiles/data, such as h200-fp8-kvfp8);
+then, for decode-only iterations of 2 or more items, by item count: the mean of the GPU time minus the
+profile's price and its correlation with the contexts' imbalance (items x the longest context - their
+sum: the profile's decodes share one context, and an unsplit attention grid waits for the longest);
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
 was idle meanwhile (`runs.config.CONTROL_MS` is what the simulator charges).
 """
@@ -52,6 +55,28 @@ def iterations(directory: Path, profile: Profile) -> None:
         print(f"  {name:<11} {n:>6.0f} {means} {error:>+6.1f}% {share:>6.1f}")
 
 
+def imbalance(directory: Path, profile: Profile) -> None:
+    buckets = tuple(profile.meta.get("graph_buckets", ()))
+    by_items: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (residual s, imbalance tokens)
+    with (directory / "iterations.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            shape = Shape.parse(row["items"])
+            if shape.prefills or len(shape.decodes) < 2:
+                continue
+            price = predict(profile.coefficients, Features.of(shape, buckets))
+            spread = len(shape.decodes) * max(shape.decodes) - sum(shape.decodes)
+            by_items[len(shape.decodes)].append((float(row["gpu_s"]) - price, spread))
+    for items, pairs in sorted(by_items.items()):
+        residuals, spreads = zip(*pairs, strict=True)
+        varied = len(pairs) > 2 and len(set(spreads)) > 1 and len(set(residuals)) > 1
+        correlation = f"{statistics.correlation(residuals, spreads):+.2f}" if varied else "-"
+        over, spread = statistics.mean(residuals) * 1e3, statistics.mean(spreads)
+        print(
+            f"  {items} decodes: {len(pairs)} iterations, GPU over profile {over:+.2f} ms, correlation with "
+            f"imbalance {correlation} (mean imbalance {spread:.0f} tokens)"
+        )
+
+
 def control_delays(directory: Path) -> None:
     with (directory / "iterations.csv").open(newline="") as f:
         starts = sorted(float(row["start"]) for row in csv.DictReader(f))
@@ -85,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     for directory in args.runs:
         try:
             iterations(directory, profile)
+            imbalance(directory, profile)
             control_delays(directory)
         except KeyError as err:
             raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None

@@ -16,7 +16,10 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    "validate-llada-8b-h200-colocated-fp8.json": "live-colocated-fp8-llada-8b-h200",  # on sangam-h200-fp8
+    # on sangam-h200-fp8 (the first FP8 report, validate-llada-8b-h200-colocated-fp8.json, was simulated on
+    # the FP8 profile of its day: git show fe3c27d:profiles/data/h200-fp8-kvfp8/llada-8b.csv)
+    "validate-llada-8b-h200-colocated-fp8-seed13.json": "live-colocated-fp8-llada-8b-h200-2/seed13",
+    "validate-llada-8b-h200-colocated-fp8-seed14.json": "live-colocated-fp8-llada-8b-h200-2/seed14",
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

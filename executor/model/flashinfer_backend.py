@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
-KV_DTYPES = (*HALF_DTYPES, FP8)  # fa2 reads FP8 pages under fp16/bf16 queries
+KV_DTYPES = (*HALF_DTYPES, FP8)  # fa2 reads FP8 pages under fp16 queries (`query_dtype`)
 FA2 = "fa2"  # pinned: correct for causal=False on Hopper (docs/design.md section 5)
 REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals
 

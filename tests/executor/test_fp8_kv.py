@@ -11,11 +11,14 @@ same forward on bf16 pages: E4M3's roundoff is 16 times bf16's, and the measured
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from executor_helpers import relative_error
 from torch import Tensor
 
+from executor.model import flashinfer_backend
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.flashinfer_backend import query_dtype
@@ -88,6 +91,41 @@ def test_fp8_kv_logits_stay_within_e4m3_rounding_of_fp32_kv(family: Family, seed
     fp8 = relative_error(block_logits(family, seed, FP8), exact)
     bf16 = relative_error(block_logits(family, seed, torch.bfloat16), exact)
     assert 0 < fp8 <= FP8_OVER_BF16 * bf16
+
+
+def test_fa2_is_planned_and_run_with_fp16_queries_and_a_bf16_output_over_fp8_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: dict[str, object] = {}
+
+    class Wrapper:  # FlashInfer's BatchPrefillWithPagedKVCacheWrapper, as far as FlashInferAttention uses it
+        def __init__(self, workspace: Tensor, layout: str, backend: str) -> None:
+            calls["backend"] = backend
+
+        def plan(self, *args: object, **kwargs: object) -> None:
+            calls["plan"] = kwargs
+
+        def run(self, q: Tensor, kv: Tensor, out: Tensor) -> Tensor:
+            calls["run"] = (q.dtype, kv.dtype, out.dtype)
+            return out
+
+    fake = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=Wrapper, __version__="fake")
+    monkeypatch.setattr(flashinfer_backend, "flashinfer_module", lambda: fake)
+    attention = flashinfer_backend.FlashInferAttention(
+        4, 2, 16, dtype=torch.bfloat16, kv_dtype=FP8, device="cpu", workspace=torch.empty(1)
+    )
+    attention.plan(AttentionLayout.build([3], [20], [[0, 1]]))
+    out = attention.run(
+        torch.randn(3, 4, 16, dtype=torch.bfloat16), torch.zeros(2, 2, PAGE, 2, 16, dtype=FP8)
+    )
+    plan = calls["plan"]
+    assert isinstance(plan, dict) and calls["backend"] == "fa2"
+    assert (plan["q_data_type"], plan["kv_data_type"], plan["o_data_type"]) == (
+        torch.float16,
+        FP8,
+        torch.bfloat16,
+    )
+    assert calls["run"] == (torch.float16, FP8, torch.bfloat16) and out.dtype == torch.bfloat16
 
 
 def test_fa2_reads_queries_in_fp16_over_fp8_pages_only() -> None:

@@ -35,8 +35,8 @@ FP8_MAX = 448.0  # E4M3's largest finite value
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # vLLM's floor: an all-zero row (graph padding) gets a finite scale
 QUANTIZATIONS = ("fp8",)  # `--quantization` values besides none
 # Fast FP8 accumulation (no periodic promotion to fp32 inside the GEMM's K loop), as vLLM's FP8 GEMMs run on
-# Hopper: 3-17% faster iterations on an H200, logits' error against bf16 unchanged (0.333 against 0.333,
-# docs/executor-performance.md). Benchmarks compare (`--exact-accum`).
+# Hopper: graphed decodes and prefills 1.6-17% faster on an H200, the logits' error against bf16 as it was
+# (LLaDA 0.333 against 0.331, docs/executor-performance.md). Benchmarks compare (`--exact-accum`).
 FAST_ACCUM = True
 TRITON_KERNELS = True  # False: quantize activations with torch ops on CUDA too (benchmarks compare)
 

@@ -554,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("executor_speed needs a CUDA GPU")
     args.decode = sorted(set(args.decode))
-    built = warm_up_kernels("cuda")
+    built = warm_up_kernels("cuda", kv_dtype=fp8.FP8 if args.kv_cache_dtype == "fp8" else None)
     print(f"# FlashInfer kernels ready: {', '.join(f'{k} {v:.1f} s' for k, v in built.items())}")
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; roofline {GPU.tflops} TFLOP/s, "

@@ -212,10 +212,14 @@ def merge_log(
 
 def _check_log_run(log: Path, model: str, gpu: str, quantization: str | None, kv_cache_dtype: str) -> None:
     """ValueError if the live run beside `log` (its summary.json) ran another model, GPU, quantization or
-    KV cache dtype; a run that recorded no quantization (from before it was recorded) had bf16 weights."""
+    KV cache dtype; a run that recorded no quantization (from before it was recorded) had bf16 weights. A
+    bare log (no summary.json) merges into a bf16 profile only: nothing shows it ran FP8 weights or KV."""
     summary = log.parent / "summary.json"
     if not summary.is_file():
-        return
+        if quantization is None and kv_cache_dtype == "auto":
+            return
+        shown = "no summary.json beside it shows that its run had this profile's weights and KV"
+        raise ValueError(f"{log}: {shown}")
     config = json.loads(summary.read_text()).get("config", {})
     ran = (
         config.get("model", model),

@@ -63,7 +63,8 @@ def test_from_log_refits_the_fp8_profile_with_logs_of_fp8_runs_only(
 ) -> None:
     """`sangam profile --from-log LOG --quantization fp8 --kv-cache-dtype fp8` merges into (a copy of) the
     shipped FP8 profile and refits it; a log of another run's weights or KV cache is refused there, and a
-    log of an FP8 run is refused by the bf16 profile: one line, exit 2, nothing written."""
+    log of an FP8 run is refused by the bf16 profile, and so is a log without its run's summary.json by the
+    FP8 profile: one line, exit 2, nothing written."""
     root = tmp_path / "data"
     shutil.copytree(DATA / "h200-fp8-kvfp8", root / "h200-fp8-kvfp8")
     (root / "h200").mkdir()
@@ -72,6 +73,8 @@ def test_from_log_refits_the_fp8_profile_with_logs_of_fp8_runs_only(
     fp8 = live_log(tmp_path / "fp8", quantization="fp8", kv_cache_dtype="fp8")
     bf16 = live_log(tmp_path / "bf16", quantization=None, kv_cache_dtype="auto")
     old = live_log(tmp_path / "old", kv_cache_dtype="fp8")  # no quantization recorded: bf16 weights
+    bare = live_log(tmp_path / "bare", quantization="fp8", kv_cache_dtype="fp8")
+    (bare.parent / "summary.json").unlink()  # a log alone: nothing says what its run had
     refit = ["profile", "--model", "llada-8b", "--gpu", "h200", "--out", str(root)]
     quantized = [*refit, "--quantization", "fp8", "--kv-cache-dtype", "fp8"]
 
@@ -80,15 +83,20 @@ def test_from_log_refits_the_fp8_profile_with_logs_of_fp8_runs_only(
 
     before = files()
     refused = [
-        (quantized, bf16, "quantization 'none', not 'fp8'"),
-        (quantized, old, "quantization 'none', not 'fp8'"),
-        (quantized, live_log(tmp_path / "kv", quantization="fp8"), "kv_cache_dtype 'auto', not 'fp8'"),
-        (refit, fp8, "quantization 'fp8', not 'none'"),
+        (quantized, bf16, "its run was quantization 'none', not 'fp8'"),
+        (quantized, old, "its run was quantization 'none', not 'fp8'"),
+        (
+            quantized,
+            live_log(tmp_path / "kv", quantization="fp8"),
+            "its run was kv_cache_dtype 'auto', not 'fp8'",
+        ),
+        (refit, fp8, "its run was quantization 'fp8', not 'none'"),
+        (quantized, bare, "no summary.json beside it shows that its run had this profile's weights and KV"),
     ]
     for args, log, message in refused:
         assert main([*args, "--from-log", str(log)]) == 2
         err = capsys.readouterr().err
-        assert f"{log}: its run was {message}" in err and err.count("\n") == 1
+        assert f"{log}: {message}" in err and err.count("\n") == 1
     assert files() == before
     assert main([*quantized, "--from-log", str(fp8)]) == 0
     out = capsys.readouterr().out.splitlines()

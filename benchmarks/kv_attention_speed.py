@@ -30,9 +30,9 @@ from benchmarks.executor_speed import graphed_ms, time_ms
 from executor.model.attention import AttentionLayout
 from executor.model.config import Family, full_size
 from executor.model.flashinfer_backend import FlashInferAttention
+from executor.model.fp8 import FP8
 from sangam.hardware import BLOCK, PAGE, pages_for
 
-FP8 = torch.float8_e4m3fn
 PAIRS = {  # label: (query dtype, KV dtype)
     "bf16/bf16": (torch.bfloat16, torch.bfloat16),
     "bf16/fp8": (torch.bfloat16, FP8),

@@ -28,13 +28,13 @@ from torch import Tensor
 
 from executor.model.attention import AttentionBackend, AttentionLayout, TorchAttention, same_layout
 from executor.model.config import ModelConfig
+from executor.model.fp8 import FP8
 from sangam.hardware import PAGE
 
 log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-FP8 = torch.float8_e4m3fn
 KV_DTYPES = (*HALF_DTYPES, FP8)  # fa2 reads FP8 pages under fp16 queries (`query_dtype`)
 FA2 = "fa2"  # pinned: correct for causal=False on Hopper (docs/design.md section 5)
 REPLAN_VERSION = "0.6.3"  # `FlashInferAttention._replan` is written against this version's wrapper internals

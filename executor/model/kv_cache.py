@@ -24,10 +24,11 @@ import torch
 from torch import Tensor
 
 from executor.model.config import ModelConfig
+from executor.model.fp8 import FP8
 from sangam.hardware import PAGE
 from sangam.kv import PagePool
 
-KV_DTYPES = {"fp8": torch.float8_e4m3fn}  # `--kv-cache-dtype` values besides auto (the model's dtype)
+KV_DTYPES = {"fp8": FP8}  # `--kv-cache-dtype` values besides auto (the model's dtype)
 
 
 def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -7,7 +7,8 @@
 # FlashInfer and Triton JIT caches, optional). STEPS picks the steps: reference, ours, cache. MODEL:
 # llada-8b (default) or dream-7b (the reference's own DreamModel, built by peer_profile.py; its KV pool
 # defaults to the reference's 49152 Dream pages, and the transformers-5 shims of benchmarks/refpeer/shim
-# give its rotary embedding the "default" RoPE that transformers 5 dropped).
+# give its rotary embedding the "default" RoPE that transformers 5 dropped). OURS_FLAGS: more flags for our
+# profile, such as "--quantization fp8 --kv-cache-dtype fp8" (issue 30: our FP8 iteration beside its bf16).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STEPS=${STEPS:-reference ours cache}
@@ -33,10 +34,10 @@ if [[ $STEPS == *reference* ]]; then
     python3 -m benchmarks.peer_profile store --model "$MODEL" --probe-json "$OUT/probe.json" --out "$OUT/reference"
 fi
 if [[ $STEPS == *ours* ]]; then
-    step ours "${OURS_LIMIT:-240}" python3 -m cli.main profile --model "$MODEL" --gpu h200 --out /tmp/ours \
-        > "$OUT/ours.log" 2>&1
-    tail -n 3 "$OUT/ours.log"; cp "/tmp/ours/h200/$MODEL.csv" "$OUT/ours.csv"
-    cp "/tmp/ours/h200/$MODEL.meta.json" "$OUT/ours.meta.json"
+    step ours "${OURS_LIMIT:-240}" python3 -m cli.main profile --model "$MODEL" --gpu h200 ${OURS_FLAGS:-} \
+        --out /tmp/ours > "$OUT/ours.log" 2>&1
+    tail -n 3 "$OUT/ours.log"; cp /tmp/ours/h200*/"$MODEL.csv" "$OUT/ours.csv"
+    cp /tmp/ours/h200*/"$MODEL.meta.json" "$OUT/ours.meta.json"
 fi
 if [[ $STEPS == *cache* ]]; then
     [[ $STEPS == *ours* ]] || step jit 150 python3 -c 'from executor.model.flashinfer_backend import warm_up_kernels as w; print(w("cuda"))'

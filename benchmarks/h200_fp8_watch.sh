@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 30 on the lent H200, one call (run from the repository root; carry .whl, .jit, .peer as
+# Issue 30 on the lent H200, one call (run from the repository root; carry .whl (or a smaller folder of wheels
+# named in WHEELS), .jit, .peer as
 # benchmarks/h200_peer.sh and h200_fp8_serve.sh describe, with py-spy's wheel in .whl):
 #   watch  an FP8 live run of LLaDA-8B (SEED, REQUESTS requests at QPS, iteration log) under watch: the GPU's
 #          clocks, power and throttle reasons every 100 ms (nvidia-smi), every thread's CPU time and the
@@ -15,7 +16,7 @@ FINAL=$OUT
 LOG="$FINAL/steps.log"; : > "$LOG"
 say() { echo "[$(date -u +%H:%M:%S) +$SECONDS s] $*" | tee -a "$LOG"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
+    ${WHEELS:-.whl}/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD"
 mkdir -p ~/.cache && cat .jit/fi-cache.tgz.part-* | tar xz -C ~/.cache
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.limit --format=csv,noheader | tee -a "$LOG"

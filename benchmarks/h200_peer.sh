@@ -15,7 +15,7 @@ STEPS=${STEPS:-reference ours cache}
 MODEL=${MODEL:-llada-8b}
 if [[ $MODEL == dream-7b ]]; then PAGES=${PAGES:-49152}; SHIM=":$PWD/benchmarks/refpeer/shim"; else SHIM=""; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
+    ${WHEELS:-.whl}/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD"
 mkdir -p /tmp/ref ~/.cache && tar xzf .peer/sangam-reference-*.tar.gz -C /tmp/ref
 [[ -f .jit/jit-cache.tgz ]] && tar xzf .jit/jit-cache.tgz -C ~/.cache

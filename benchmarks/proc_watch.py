@@ -26,7 +26,7 @@ CPU_STAT = Path("/sys/fs/cgroup/cpu.stat")
 
 def matching(patterns: list[str]) -> dict[int, str]:
     """pid -> the first pattern its command line holds."""
-    found = {}
+    found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -42,7 +42,7 @@ def matching(patterns: list[str]) -> dict[int, str]:
 
 def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
     """tid -> (name, utime + stime in clock ticks)."""
-    out = {}
+    out: dict[int, tuple[str, int]] = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:

@@ -33,22 +33,28 @@ def main(argv: list[str] | None = None) -> None:
     if profile is None:
         raise SystemExit(f"hostwatch.report: no profile of {args.model} in profiles/data/{args.profile}")
     buckets = tuple(profile.meta.get("graph_buckets", ()))
-    with args.iterations.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    with args.host.open(newline="") as f:
-        host = list(csv.DictReader(f))
-    steps = [r for r in host if r["kind"] == "step"]
-    collections = [float(r["a"]) for r in host if r["kind"] == "gc"]
-    if len(steps) != len(rows):
-        raise SystemExit(f"hostwatch.report: {len(steps)} host steps against {len(rows)} iterations")
-    kinds: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for row, step in zip(rows, steps, strict=True):
-        shape = Shape.parse(row["items"])
-        kind = ("mixed" if shape.decodes else "prefill") if shape.prefills else "decode"
-        gpu = float(row["gpu_s"])
-        kinds[kind].append(
-            (float(step["a"]), gpu, gpu / predict(profile.coefficients, Features.of(shape, buckets)))
-        )
+    try:
+        with args.iterations.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        with args.host.open(newline="") as f:
+            host = list(csv.DictReader(f))
+    except OSError as err:
+        raise SystemExit(f"hostwatch.report: {err}") from None
+    try:
+        steps = [r for r in host if r["kind"] == "step"]
+        collections = [float(r["a"]) for r in host if r["kind"] == "gc"]
+        if len(steps) != len(rows):
+            raise SystemExit(f"hostwatch.report: {len(steps)} host steps against {len(rows)} iterations")
+        kinds: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for row, step in zip(rows, steps, strict=True):
+            shape = Shape.parse(row["items"])
+            kind = ("mixed" if shape.decodes else "prefill") if shape.prefills else "decode"
+            gpu = float(row["gpu_s"])
+            kinds[kind].append(
+                (float(step["a"]), gpu, gpu / predict(profile.coefficients, Features.of(shape, buckets)))
+            )
+    except (KeyError, ValueError) as err:  # a missing column, a malformed row
+        raise SystemExit(f"hostwatch.report: a bad log: {err!r}") from None
     print(
         f"{len(rows)} iterations; {len(collections)} garbage collections, "
         f"{sum(collections) * 1e3:.0f} ms in all"

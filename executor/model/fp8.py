@@ -8,8 +8,10 @@ largest finite value: torch's cast gives NaN beyond it), and the product is
     y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] * q_w[n, k]  (+ bias[n], in the activation dtype)
 
 On a CUDA device in bf16 the sum runs in Hopper's FP8 tensor cores through `torch._scaled_mm` (row-wise
-scales, fast accumulation, bf16 out), and one Triton kernel per call quantizes the rows (for the MLP's down
-projection fused with SiLU-and-mul: `executor.model.fp8_kernels`). Everywhere else (CPU, fp32 tests)
+scales, fast accumulation, bf16 out), and one Triton kernel per call quantizes the rows
+(`executor.model.fp8_kernels`): for the MLP's down projection fused with SiLU-and-mul, for the q/k/v and
+gate/up projections fused with the residual add and RMSNorm before them (`add_rmsnorm_quantize_rows`, whose
+`Fp8Rows` the layer takes as they are). Everywhere else (CPU, fp32 tests)
 the same quantized values are dequantized and multiplied in the activation dtype: a reference path,
 the same function up to the GEMM's summation order.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +42,16 @@ QUANTIZATIONS = ("fp8",)  # `--quantization` values besides none
 # (LLaDA 0.333 against 0.331, docs/executor-performance.md). Benchmarks compare (`--exact-accum`).
 FAST_ACCUM = True
 TRITON_KERNELS = True  # False: quantize activations with torch ops on CUDA too (benchmarks compare)
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Rows:
+    """Activations already quantized per token for an `Fp8Linear`: E4M3 values (M, K), fp32 scales (M, 1),
+    and the dtype the product comes back in."""
+
+    values: Tensor
+    scale: Tensor
+    dtype: torch.dtype
 
 
 def scales(x: Tensor) -> Tensor:
@@ -72,6 +85,29 @@ def silu_mul_quantize_rows(gate_up: Tensor) -> tuple[Tensor, Tensor]:
         return kernels.silu_mul_quantize_rows(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return quantize_rows(F.silu(gate) * up)
+
+
+def add_rmsnorm_quantize_rows(
+    x: Tensor | None, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor] | None:
+    """RMSNorm of residual + x (M, K) (x None: of residual), in fp32 times `weight`, quantized per token: E4M3
+    values (M, K) and fp32 scales (M, 1), from one Triton kernel that writes the sum into `residual` in place.
+    None where that kernel cannot serve (CPU, no Triton): the caller then norms and quantizes in two steps."""
+    kernels = _kernels(residual)
+    if kernels is None or weight.dtype != residual.dtype or not residual.is_contiguous():
+        return None
+    if x is not None and (x.shape != residual.shape or x.dtype != residual.dtype or x.stride(-1) != 1):
+        return None
+    return kernels.add_rmsnorm_quantize_rows(x, residual, weight, eps)
+
+
+def fp8_page_kernels(kv_layer: Tensor, k: Tensor, v: Tensor) -> Any:
+    """The Triton kernels module when its `store_kv` can write `k` and `v` (T, kv_heads, head_dim), each
+    token's heads one contiguous row, into the E4M3 pages `kv_layer` on a CUDA device; else None."""
+    if kv_layer.dtype != FP8 or not TRITON_KERNELS or k.device.type != "cuda":
+        return None
+    rows_ok = all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
+    return _triton_kernels() if rows_ok and kv_layer.is_contiguous() else None
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -136,7 +172,9 @@ class Fp8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(weight, scale, bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | Fp8Rows) -> Tensor:
+        if isinstance(x, Fp8Rows):  # quantized by the norm before this layer
+            return self.gemm(x.values, x.scale, x.dtype)
         shape = x.shape
         values, scale = quantize_rows(x.reshape(-1, shape[-1]))
         return self.gemm(values, scale, x.dtype).view(*shape[:-1], self.out_features)

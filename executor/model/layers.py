@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from executor.model.fp8 import Fp8Linear
+from executor.model.fp8 import Fp8Linear, Fp8Rows, add_rmsnorm_quantize_rows, quantize_rows
 
 FUSED_KERNELS = True  # False: the plain torch ops everywhere (benchmarks compare the two)
 
@@ -68,6 +68,19 @@ class RMSNorm(nn.Module):
         residual = residual + x
         return self(residual), residual
 
+    def add_norm_quantized(self, x: Tensor | None, residual: Tensor) -> tuple[Fp8Rows, Tensor]:
+        """(norm(residual + x) quantized per token for an `Fp8Linear`, residual + x); x None: the norm of
+        `residual`. On CUDA one Triton kernel does it all (the sum in place in residual; the norm quantized
+        from fp32, unrounded); elsewhere the norm above, then `quantize_rows`."""
+        fused = add_rmsnorm_quantize_rows(x, residual, self.weight, self.eps)
+        if fused is not None:
+            return Fp8Rows(*fused, residual.dtype), residual
+        if x is None:
+            normed = self(residual)
+        else:
+            normed, residual = self.add_norm(x, residual)
+        return Fp8Rows(*quantize_rows(normed), normed.dtype), residual
+
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one GEMM, gate first (either projection may
@@ -78,7 +91,7 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down: nn.Module = nn.Linear(intermediate, hidden, bias=False)  # or an Fp8Linear
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | Fp8Rows) -> Tensor:
         gate_up = self.gate_up(x)
         if isinstance(self.down, Fp8Linear):  # quantized: SiLU-and-mul runs inside its input's quantization
             return self.down.forward_silu_mul(gate_up)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from executor.model.config import ModelConfig
+from executor.model.fp8 import Fp8Linear, Fp8Rows
 from executor.model.layers import RMSNorm, Rotary, SwiGLU
 
 
@@ -31,7 +32,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(shape.hidden, shape.qkv_width, bias=shape.qkv_bias)
         self.out = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
-    def forward(self, x: Tensor, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
+    def forward(self, x: Tensor | Fp8Rows, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
         q, k = rope(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim))
@@ -44,7 +45,8 @@ class Layer(nn.Module):
 
     Over the residual stream, each add is deferred to the norm after it (`RMSNorm.add_norm`, one fused kernel
     on a GPU): the block takes the previous block's MLP output (None for the first block) and the stream
-    before it, and hands on its own.
+    before it, and hands on its own. Before an `Fp8Linear` the norm also quantizes its output
+    (`RMSNorm.add_norm_quantized`).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -59,12 +61,22 @@ class Layer(nn.Module):
         self, delta: Tensor | None, residual: Tensor, rope: Rotary, layer: int, attend: LayerAttention
     ) -> tuple[Tensor, Tensor]:
         """(this block's MLP output, the stream it adds to) from the last block's and its stream."""
-        if delta is None:
-            normed = self.attn_norm(residual)
-        else:
-            normed, residual = self.attn_norm.add_norm(delta, residual)
-        normed, residual = self.mlp_norm.add_norm(self.attn(normed, rope, layer, attend), residual)
+        normed, residual = _add_norm(self.attn_norm, self.attn.qkv, delta, residual)
+        attended = self.attn(normed, rope, layer, attend)
+        normed, residual = _add_norm(self.mlp_norm, self.mlp.gate_up, attended, residual)
         return self.mlp(normed), residual
+
+
+def _add_norm(
+    norm: RMSNorm, consumer: nn.Module, delta: Tensor | None, residual: Tensor
+) -> tuple[Tensor | Fp8Rows, Tensor]:
+    """(norm(residual + delta), residual + delta) (delta None: the norm of residual), the norm quantized
+    when `consumer`, the layer it feeds, is an `Fp8Linear`."""
+    if isinstance(consumer, Fp8Linear):
+        return norm.add_norm_quantized(delta, residual)
+    if delta is None:
+        return norm(residual), residual
+    return norm.add_norm(delta, residual)
 
 
 class Transformer(nn.Module):

@@ -15,6 +15,7 @@ from executor.model.attention import TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache
+from executor.model.layers import RMSNorm
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
 from executor.run import live_options
@@ -119,6 +120,40 @@ def test_silu_mul_then_quantize_matches_the_two_steps() -> None:
     gate_up = rows(12, 128, seed=10, spread=1.0).float()
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(layer.forward_silu_mul(gate_up), layer(F.silu(gate) * up))
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_a_norm_before_an_fp8_layer_hands_it_rows_it_would_have_quantized_itself(add: bool) -> None:
+    norm = RMSNorm(64, eps=1e-5)
+    norm.weight.data = torch.rand(64, generator=torch.Generator().manual_seed(12)) + 0.5
+    layer = fp8.Fp8Linear.from_linear(linear(64, 16, True, seed=13))
+    x, residual = rows(10, 64, seed=14, spread=1.0).float(), rows(10, 64, seed=15, spread=1.0).float()
+    quantized, stream = norm.add_norm_quantized(x if add else None, residual.clone())
+    normed, expected_stream = norm.add_norm(x, residual) if add else (norm(residual), residual)
+    assert isinstance(quantized, fp8.Fp8Rows) and quantized.dtype == torch.float32
+    torch.testing.assert_close(stream, expected_stream, rtol=0, atol=0)
+    values, scale = fp8.quantize_rows(normed)
+    assert torch.equal(quantized.values.float(), values.float()) and torch.equal(quantized.scale, scale)
+    torch.testing.assert_close(layer(quantized), layer(normed), rtol=0, atol=0)
+
+
+def test_a_quantized_layer_norms_into_fp8_rows_and_a_plain_one_into_a_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = tiny(Family.LLADA)
+    model = fp8.quantize_model(random_model(config, dtype=torch.float32, device="cpu", seed=16), "fp8")
+    seen: list[type] = []
+    original = fp8.Fp8Linear.forward
+
+    def spy(self: fp8.Fp8Linear, x: Any) -> Tensor:
+        seen.append(type(x))
+        return original(self, x)
+
+    monkeypatch.setattr(fp8.Fp8Linear, "forward", spy)
+    logits(model, seed=17)
+    layers = config.shape.layers
+    assert seen.count(fp8.Fp8Rows) == 2 * layers  # q/k/v and gate/up, each fed by its norm
+    assert seen.count(Tensor) == layers  # the attention's output projection quantizes its own input
 
 
 def test_shapes_beyond_two_dimensions_pass_through() -> None:

@@ -60,6 +60,26 @@ def test_the_fused_silu_mul_quantizer_matches_torch_in_fp32(width: int) -> None:
     close_in_e4m3(values, fp8.to_fp8(product, expected_scale))
 
 
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 264])
+@pytest.mark.parametrize("width", [3584, 4096])
+def test_the_fused_add_rmsnorm_quantizer_matches_torch_in_fp32(add: bool, rows: int, width: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(rows + width)
+    residual = (torch.randn(rows, width, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    x = torch.randn(rows, width, device="cuda", generator=g).to(torch.bfloat16)
+    weight = (torch.rand(width, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    expected_stream = residual + x if add else residual.clone()
+    fused = fp8.add_rmsnorm_quantize_rows(x if add else None, residual, weight, 1e-5)
+    assert fused is not None, "the Triton kernel should serve on CUDA"
+    values, scale = fused
+    assert torch.equal(residual, expected_stream)  # the sum, rounded to bf16, in place
+    h = expected_stream.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
+    expected_scale = fp8.scales(normed)
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-5, atol=0)
+    close_in_e4m3(values, fp8.to_fp8(normed, expected_scale))
+
+
 @pytest.mark.parametrize(("k", "n", "bias"), [(4096, 12288, False), (3584, 4608, True), (18944, 3584, False)])
 @pytest.mark.parametrize("rows", [8, 264, 2048])
 def test_the_scaled_gemm_matches_the_dequantizing_reference(k: int, n: int, bias: bool, rows: int) -> None:

@@ -14,12 +14,14 @@ import torch
 from executor_helpers import relative_error, small_config
 from torch import Tensor
 
+from executor.model import forward
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family
 from executor.model.cuda_graphs import GraphedModelRunner
 from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
-from executor.model.forward import ModelRunner
-from executor.model.kv_cache import PagedKVCache
+from executor.model.forward import ModelRunner, SlotStore
+from executor.model.fp8 import fp8_page_kernels
+from executor.model.kv_cache import KVSlots, PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
 from executor.model.transformer import Transformer
@@ -94,6 +96,27 @@ def test_model_on_fp8_kv_stays_within_e4m3_rounding_of_bf16_kv(family: Family) -
     fp8 = relative_error(model_logits(model, FP8, "flashinfer"), exact)
     print(f"{family.value}: logits' mean relative error, bf16 KV {bf16:.2e}, fp8 KV {fp8:.2e}")
     assert fp8 <= FP8_OVER_BF16 * bf16
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(32, 32), (28, 4)], ids=["llada", "dream"])
+def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_heads: int) -> None:
+    rows, kv_width = 300, kv_heads * HEAD_DIM
+    g = torch.Generator(device="cuda").manual_seed(kv_heads)
+    qkv = (torch.randn(rows, heads * HEAD_DIM + 2 * kv_width, device="cuda", generator=g) * 100).bfloat16()
+    qkv[::7, -5:] = 1000.0  # past E4M3's 448: saturates
+    k, v = (part.view(rows, kv_heads, HEAD_DIM) for part in qkv[:, heads * HEAD_DIM :].split(kv_width, -1))
+    slots = KVSlots(
+        torch.randperm(64, device="cuda")[torch.arange(rows, device="cuda") % 64],
+        torch.arange(rows, device="cuda") % PAGE,
+    )
+    pages = (64, 2, PAGE, kv_heads, HEAD_DIM)
+    fused, copied = torch.zeros(pages, dtype=FP8, device="cuda"), torch.zeros(pages, dtype=FP8, device="cuda")
+    assert fp8_page_kernels(fused, k, v) is not None
+    SlotStore(slots)(fused, k, v)
+    forward._store_rows(copied, slots.pages * 2 * PAGE + slots.offsets, k)
+    forward._store_rows(copied, slots.pages * 2 * PAGE + slots.offsets + PAGE, v)
+    assert torch.equal(fused.view(torch.uint8), copied.view(torch.uint8))  # bit for bit
+    assert float(copied[slots.pages, 1, slots.offsets].float().abs().max()) == 448.0
 
 
 def test_graphed_decode_over_fp8_pages_equals_eager_decode() -> None:

@@ -14,12 +14,17 @@ median over repeats of
 - `host/gpu`: over 0.9 the GPU waits for the host (launch-bound).
 
 `--ops` adds the host time of one launch of each operation an eager FP8 layer makes, at 256 rows: the median
-over 200 back-to-back launches, the GPU kept busy so that none waits on it. Only stdout is written.
+over 200 back-to-back launches, the GPU kept busy so that none waits on it. `--cprofile N` prints the N
+functions with the most host time over 10 eager forwards of 8 decodes (cProfile). `--triton-launch` launches
+the Triton kernels through Triton's own `kernel[grid](...)` (`fp8_kernels.COMPILED_LAUNCH = False`). Only
+stdout is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -94,6 +99,10 @@ def forwards(args: argparse.Namespace) -> None:
             cache.pool.release(10_000 + size)
         shape = " + ".join(([f"prefill {size}"] if size else []) + ([f"{batch} decodes"] if batch else []))
         print(f"{shape:<22} {host:8.2f} {gpu:8.2f} {host / gpu:8.2f}", flush=True)
+    if args.cprofile:
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [runner.forward(decodes[:8]) for _ in range(10)])
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.cprofile)
 
 
 def ops(args: argparse.Namespace) -> None:
@@ -112,6 +121,14 @@ def ops(args: argparse.Namespace) -> None:
     k = torch.randn(rows, heads, dim, device=device, dtype=torch.bfloat16)
     pages = torch.zeros(rows, 2, 16, heads, dim, device=device, dtype=fp8.FP8)
     slots = torch.arange(rows, device=device) * 32
+
+    def own_launch() -> object:
+        fp8_kernels.COMPILED_LAUNCH = False
+        try:
+            return fp8_kernels.quantize_rows(x)
+        finally:
+            fp8_kernels.COMPILED_LAUNCH = True
+
     cases: dict[str, Callable[[], object]] = {
         "torch add (baseline)": lambda: x.add(1.0),
         "torch.empty": lambda: torch.empty(rows, hidden, device=device),
@@ -121,7 +138,8 @@ def ops(args: argparse.Namespace) -> None:
         "flashinfer rmsnorm": lambda: flashinfer.rmsnorm(x, weight, 1e-5),
         "flashinfer fused_add_rmsnorm": lambda: flashinfer.fused_add_rmsnorm(x, residual, weight, 1e-5),
     }
-    if hasattr(fp8_kernels, "add_rmsnorm_quantize_rows"):  # the fused kernels (absent before them)
+    if hasattr(fp8_kernels, "COMPILED_LAUNCH"):  # the fused kernels and their launcher (absent before them)
+        cases["triton quantize_rows, Triton's launch"] = own_launch
         cases["triton add_rmsnorm_quantize_rows"] = lambda: fp8_kernels.add_rmsnorm_quantize_rows(
             x, residual, weight, 1e-5
         )
@@ -148,9 +166,15 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="fp8")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--ops", action="store_true", help="also the host time of each FP8 layer operation")
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="the N costliest host functions")
+    parser.add_argument("--triton-launch", action="store_true", help="Triton's own launch path throughout")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("launch_cost: needs a CUDA GPU")
+    if args.triton_launch:
+        from executor.model import fp8_kernels
+
+        fp8_kernels.COMPILED_LAUNCH = False
     forwards(args)
     if args.ops:
         ops(args)

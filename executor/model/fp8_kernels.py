@@ -12,6 +12,8 @@ each fusion here is one launch, and its Python, fewer per layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -98,9 +100,8 @@ def _store_kv(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    k_row = tl.load(
-        rows_ptr + token
-    )  # K's row in the layer seen as (pages * 2 * PAGE, width); V's is PAGE on
+    # K's row in the layer seen as (pages * 2 * PAGE, width); V's is PAGE rows on
+    k_row = tl.load(rows_ptr + token)
     cols = tl.arange(0, BLOCK)
     keep = cols < width
     k = tl.load(k_ptr + token * k_stride + cols, mask=keep, other=0.0).to(tl.float32)
@@ -110,17 +111,59 @@ def _store_kv(  # type: ignore[no-untyped-def]
     tl.store(kv_ptr + (k_row + PAGE) * width + cols, tl.clamp(v, -fp8_max, fp8_max).to(kind), mask=keep)
 
 
+COMPILED_LAUNCH = True  # False: every launch through Triton's own `kernel[grid](...)` (benchmarks compare)
+
+
+class Launcher:
+    """Launches one Triton kernel through its compiled handle once a signature has compiled.
+
+    Triton's `kernel[grid](...)` re-derives, at every call, the arguments' binding and specialization key
+    and reads its knobs from the environment: 44-52 us of host time per launch on the H200 machine
+    (`benchmarks/launch_cost.py --ops`), and an eager FP8 forward makes five launches per layer. The first
+    launch of a signature goes through Triton (compiling it); later ones through `CompiledKernel[grid]`,
+    keyed by what Triton specializes on: each tensor's dtype and 16-byte alignment, each integer's being
+    1, a multiple of 16 or past int32, and the constexprs (passed by keyword, in signature order).
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.compiled: dict[tuple[object, ...], Any] = {}
+
+    def __call__(self, grid: tuple[int, ...], *args: object, num_warps: int, **constexprs: object) -> None:
+        key = (*map(_specialization, args), *constexprs.values())
+        compiled = self.compiled.get(key) if COMPILED_LAUNCH else None
+        if compiled is None:
+            self.compiled[key] = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
+        else:
+            compiled[(*grid, 1, 1)[:3]](*args, *constexprs.values())
+
+
+def _specialization(arg: object) -> object:
+    if isinstance(arg, Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, int):
+        return arg == 1, arg % 16 == 0, arg >= 2**31
+    return None  # floats: not specialized
+
+
+_QUANTIZE_ROWS = Launcher(_quantize_rows)
+_SILU_MUL_QUANTIZE_ROWS = Launcher(_silu_mul_quantize_rows)
+_ADD_RMSNORM_QUANTIZE_ROWS = Launcher(_add_rmsnorm_quantize_rows)
+_STORE_KV = Launcher(_store_kv)
+
+
 def _warps(block: int) -> int:
     return max(1, min(16, block // 1024))
 
 
-def _launch(kernel: object, x: Tensor, width: int) -> tuple[Tensor, Tensor]:
+def _launch(kernel: Launcher, x: Tensor, width: int) -> tuple[Tensor, Tensor]:
     rows = x.shape[0]
     q = torch.empty((rows, width), dtype=FP8, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
         block = triton.next_power_of_2(width)
-        kernel[(rows,)](  # type: ignore[index]
+        kernel(
+            (rows,),
             x,
             q,
             scale,
@@ -137,12 +180,12 @@ def _launch(kernel: object, x: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """E4M3 values (M, K) and fp32 scales (M, 1) of `x` (M, K), its last dimension contiguous."""
-    return _launch(_quantize_rows, x, x.shape[1])
+    return _launch(_QUANTIZE_ROWS, x, x.shape[1])
 
 
 def silu_mul_quantize_rows(gate_up: Tensor) -> tuple[Tensor, Tensor]:
     """silu(gate) * up of `gate_up` (M, 2I), quantized per row: (M, I) E4M3 and (M, 1) fp32."""
-    return _launch(_silu_mul_quantize_rows, gate_up, gate_up.shape[1] // 2)
+    return _launch(_SILU_MUL_QUANTIZE_ROWS, gate_up, gate_up.shape[1] // 2)
 
 
 def add_rmsnorm_quantize_rows(
@@ -156,7 +199,8 @@ def add_rmsnorm_quantize_rows(
     if rows:
         block = triton.next_power_of_2(width)
         source = residual if x is None else x
-        _add_rmsnorm_quantize_rows[(rows,)](
+        _ADD_RMSNORM_QUANTIZE_ROWS(
+            (rows,),
             source,
             residual,
             weight,
@@ -183,7 +227,8 @@ def store_kv(kv_layer: Tensor, k_rows: Tensor, k: Tensor, v: Tensor, page: int) 
     width = k.shape[1] * k.shape[2]
     if len(k):
         block = triton.next_power_of_2(width)
-        _store_kv[(len(k),)](
+        _STORE_KV(
+            (len(k),),
             k,
             v,
             kv_layer,

@@ -80,6 +80,22 @@ def test_the_fused_add_rmsnorm_quantizer_matches_torch_in_fp32(add: bool, rows: 
     close_in_e4m3(values, fp8.to_fp8(normed, expected_scale))
 
 
+def test_launches_through_the_compiled_handle_match_triton_s_own_for_each_alignment() -> None:
+    from executor.model import fp8_kernels
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    wide = torch.randn(64, 4097, device="cuda", generator=g).to(torch.bfloat16)
+    aligned, misaligned = wide[:, :4096].contiguous(), wide[:, 1:]  # the second: 2-byte offset, odd stride
+    expected = {id(x): (fp8.to_fp8(x, fp8.scales(x)), fp8.scales(x)) for x in (aligned, misaligned)}
+    launcher = fp8_kernels._QUANTIZE_ROWS
+    for _ in range(3):  # the first launch of each signature compiles; the later ones take its handle
+        for x in (aligned, misaligned):
+            values, scale = fp8_kernels.quantize_rows(x)
+            torch.testing.assert_close(scale, expected[id(x)][1], rtol=1e-6, atol=0)
+            close_in_e4m3(values, expected[id(x)][0])
+    assert len({key[0][1] for key in launcher.compiled}) == 2  # one compiled kernel per alignment
+
+
 @pytest.mark.parametrize(("k", "n", "bias"), [(4096, 12288, False), (3584, 4608, True), (18944, 3584, False)])
 @pytest.mark.parametrize("rows", [8, 264, 2048])
 def test_the_scaled_gemm_matches_the_dequantizing_reference(k: int, n: int, bias: bool, rows: int) -> None:

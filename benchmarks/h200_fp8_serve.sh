@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issue 30 on the lent H200, one call (run from the repository root; wheels in .whl: flashinfer-python 0.6.3,
-# apache-tvm-ffi, simpy, grpcio, grpcio-health-checking, protobuf, sangam serve's fastapi, starlette,
-# pydantic, uvicorn, openai and their needs; .jit/fi-cache.tgz.part-* optional, as fp8_h200.sh writes it).
+# Issue 30 on the lent H200, one call (run from the repository root; wheels in $WHEELS, .whl by default:
+# flashinfer-python 0.6.3, apache-tvm-ffi, simpy, grpcio, grpcio-health-checking, protobuf, sangam serve's
+# fastapi, starlette, pydantic, uvicorn, openai and their needs (.whlw, without serve's, keeps a call's carry
+# under 64 MiB); .jit/fi-cache.tgz.part-* optional, as fp8_h200.sh writes it, and .jit/triton-cache.tgz, an
+# earlier call's ~/.triton, as h200_launch.sh writes it).
 # LLaDA-8B (and Dream-7B's profile), random weights, FP8 weights and FP8 KV (`--quantization fp8
 # --kv-cache-dtype fp8`):
 #   jit      FlashInfer's modules for bf16 and FP8 pages;
@@ -30,7 +32,7 @@
 # Then, here: the simulator half of validate and the shipped testbed (docs/executor-performance.md).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}
+DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}; WHEELS=${WHEELS:-.whl}
 OUT=${OUT:-/tmp/h200-fp8-serve-out}
 SLO=p99_e2el_s=20
 FP8=(--quantization fp8 --kv-cache-dtype fp8)
@@ -58,9 +60,9 @@ step() {
 }
 
 say "h200_fp8_serve: DRY=$DRY BUDGET=$BUDGET OUT=$OUT"
-if [[ -d .whl && $DRY != 1 ]]; then  # the wheels are for the device (cp312)
+if [[ -d $WHEELS && $DRY != 1 ]]; then  # the wheels are for the device (cp312)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
+        "$WHEELS"/*.whl || exit 1
     export PYTHONPATH="/tmp/site:$PWD"
 else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -69,6 +71,7 @@ if [[ $DRY != 1 ]]; then
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
     JIT_PARTS=$(ls .jit/fi-cache.tgz.part-* 2>/dev/null)
     [[ -n $JIT_PARTS ]] && mkdir -p ~/.cache && cat $JIT_PARTS | tar xz -C ~/.cache
+    [[ -f .jit/triton-cache.tgz ]] && tar xzf .jit/triton-cache.tgz -C ~  # our Triton kernels, compiled
     step jit 150 python3 -c 'import torch
 from executor.model.flashinfer_backend import warm_up_kernels as w
 print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'

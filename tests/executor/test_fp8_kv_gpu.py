@@ -105,10 +105,8 @@ def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_he
     qkv = (torch.randn(rows, heads * HEAD_DIM + 2 * kv_width, device="cuda", generator=g) * 100).bfloat16()
     qkv[::7, -5:] = 1000.0  # past E4M3's 448: saturates
     k, v = (part.view(rows, kv_heads, HEAD_DIM) for part in qkv[:, heads * HEAD_DIM :].split(kv_width, -1))
-    slots = KVSlots(
-        torch.randperm(64, device="cuda")[torch.arange(rows, device="cuda") % 64],
-        torch.arange(rows, device="cuda") % PAGE,
-    )
+    slot = torch.randperm(64 * PAGE, device="cuda", generator=g)[:rows]  # distinct slots, scattered
+    slots = KVSlots(slot // PAGE, slot % PAGE)
     pages = (64, 2, PAGE, kv_heads, HEAD_DIM)
     fused, copied = torch.zeros(pages, dtype=FP8, device="cuda"), torch.zeros(pages, dtype=FP8, device="cuda")
     assert fp8_page_kernels(fused, k, v) is not None

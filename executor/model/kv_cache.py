@@ -9,10 +9,10 @@ forward stores all its rows in one pass.
 
 With `--kv-cache-dtype fp8` the pages hold E4M3 (`kv_dtype`): half the bytes of bf16, so the same memory
 holds twice the pages. K and V are stored with a per-tensor scale of 1.0, vLLM's default for an FP8 KV
-cache without calibrated scales: a write is torch's cast into E4M3, which saturates at +-448 (torch
-2.13's conversion, on host and device alike; NaN stays NaN), a read a plain cast back to the compute
-dtype (`TorchAttention`), and FlashInfer runs with its default scales (1.0). Calibrated scales are not
-implemented.
+cache without calibrated scales: a write saturates at +-448 (on a GPU, `fp8_kernels.store_kv` clamps
+before its cast; elsewhere torch 2.13's cast, which saturates on the host: the device's torch 2.11 cast
+turned 470 into NaN on an H200), a read is a plain cast back to the compute dtype (`TorchAttention`), and
+FlashInfer runs with its default scales (1.0). Calibrated scales are not implemented.
 """
 
 from __future__ import annotations

@@ -111,8 +111,10 @@ def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_he
     fused, copied = torch.zeros(pages, dtype=FP8, device="cuda"), torch.zeros(pages, dtype=FP8, device="cuda")
     assert fp8_page_kernels(fused, k, v) is not None
     SlotStore(slots)(fused, k, v)
-    forward._store_rows(copied, slots.pages * 2 * PAGE + slots.offsets, k)
-    forward._store_rows(copied, slots.pages * 2 * PAGE + slots.offsets + PAGE, v)
+    # torch's copy of the values saturated first: whether torch's own cast saturates has varied by version
+    k_rows = slots.pages * 2 * PAGE + slots.offsets
+    forward._store_rows(copied, k_rows, k.float().clamp(-448, 448))
+    forward._store_rows(copied, k_rows + PAGE, v.float().clamp(-448, 448))
     assert torch.equal(fused.view(torch.uint8), copied.view(torch.uint8))  # bit for bit
     assert float(copied[slots.pages, 1, slots.offsets].float().abs().max()) == 448.0
 

@@ -1,0 +1,32 @@
+"""`benchmarks.price_sensitivity` over the shipped FP8 live run: unscaled it is `sangam validate`'s report,
+and dearer decodes make the simulation slower."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks import price_sensitivity
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RUN = RESULTS / "live-colocated-fp8-llada-8b-h200-3" / "seed14"
+REPORT = RESULTS / "validate-llada-8b-h200-colocated-fp8-3-seed14.json"
+
+
+def args() -> argparse.Namespace:
+    return argparse.Namespace(
+        live_results=str(RUN), seed=14, qps=1.52, num_requests=150, model="llada-8b", gpu="h200",
+        testbed="sangam-h200-fp8",
+    )  # fmt: skip
+
+
+def test_unscaled_prices_give_the_shipped_validation_and_dearer_decodes_a_slower_simulation() -> None:
+    shipped = json.loads(REPORT.read_text())[0]["error_pct"]
+    same = price_sensitivity.scaled_validate(args(), 1.0, 1.0)
+    assert round(same["mean"], 1) == round(shipped["mean_e2el_ms"], 1) == -16.5
+    assert round(same["p99"], 1) == round(shipped["p99_e2el_ms"], 1)
+    dearer = price_sensitivity.scaled_validate(args(), 1.0, 1.3)
+    assert same["mean"] < dearer["mean"] < 0  # about half the gap: -8.2%
+    again = price_sensitivity.scaled_validate(args(), 1.0, 1.0)
+    assert again == same  # the cost model is put back after each run

@@ -16,7 +16,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whlw}; OUT=${OUT:-/tmp/h200-launch-out}
-mkdir -p "$OUT"; LOG="$OUT/steps.log"; : > "$LOG"
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); LOG="$OUT/steps.log"; : > "$LOG"  # absolute: .old's step cds
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$WHEELS"/*.whl || exit 1
 SITE=/tmp/site

@@ -63,6 +63,7 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 
 
 def forwards(args: argparse.Namespace) -> None:
+    """The table of host and GPU time per shape (and `--cprofile`'s functions) for one model and dtype."""
     family = Family(args.model)
     config = full_size(family)
     device = torch.device("cuda")
@@ -105,7 +106,7 @@ def forwards(args: argparse.Namespace) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(args.cprofile)
 
 
-def ops(args: argparse.Namespace) -> None:
+def ops() -> None:
     """Host time of one launch of each operation of an eager FP8 layer, at 256 rows of LLaDA-8B's widths."""
     import flashinfer
 
@@ -177,7 +178,7 @@ def main() -> None:
         fp8_kernels.COMPILED_LAUNCH = False
     forwards(args)
     if args.ops:
-        ops(args)
+        ops()
 
 
 if __name__ == "__main__":

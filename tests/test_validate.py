@@ -16,9 +16,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    # on sangam-h200-fp8 (the earlier FP8 reports were simulated on the FP8 profiles of their day:
-    # validate-llada-8b-h200-colocated-fp8.json on `git show fe3c27d:profiles/data/h200-fp8-kvfp8/llada-8b.csv`,
-    # validate-llada-8b-h200-colocated-fp8-seed1[34].json on that file at 3f956a3)
+    # on sangam-h200-fp8 (the earlier FP8 reports were simulated on the FP8 profiles of their day,
+    # profiles/data/h200-fp8-kvfp8/llada-8b.csv at fe3c27d for validate-llada-8b-h200-colocated-fp8.json
+    # and at 3f956a3 for validate-llada-8b-h200-colocated-fp8-seed1[34].json)
     "validate-llada-8b-h200-colocated-fp8-3-seed13.json": "live-colocated-fp8-llada-8b-h200-3/seed13",
     "validate-llada-8b-h200-colocated-fp8-3-seed14.json": "live-colocated-fp8-llada-8b-h200-3/seed14",
 }

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from executor.model.attention import AttentionBackend
-from executor.model.fp8 import fp8_page_kernels
+from executor.model.fp8 import FP8, FP8_MAX, fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, plan_microbatch
@@ -41,8 +41,8 @@ class SlotStore:
     Built once per microbatch. On a GPU (fp16/bf16, FlashInfer present) one `append_paged_kv_cache`
     kernel stores K and V from their strided views of the qkv output: the plan's slots become a one-page-
     per-row table (row i at offset i * PAGE + its page offset of "request" 0). Into FP8 pages on a GPU, one
-    Triton kernel (`fp8_kernels.store_kv`) casts and stores both. Elsewhere (FP8 pages: torch's saturating
-    cast first) it is one `index_copy_` per K and V over the layer seen as
+    Triton kernel (`fp8_kernels.store_kv`) casts and stores both. Elsewhere (FP8 pages: clamped to +-448,
+    then torch's cast) it is one `index_copy_` per K and V over the layer seen as
     `(pages * 2 * PAGE, kv_heads * head_dim)` rows: advanced indexing over (page, K/V, offset) took five
     times as long (H200: 3.6 ms against 0.7 ms per 2048-token LLaDA prefill).
     """
@@ -87,10 +87,13 @@ class SlotStore:
 def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
     """Copy `values` (W, kv_heads, head_dim) into rows `rows` of `kv_layer` seen as (-1, kv_heads * head_dim).
 
-    The copy moves 8-byte words where the layout allows, else elements (FP8 ones as bytes: a bitwise copy
-    either way): four times fewer elements for the elementwise index kernel than bf16 ones.
+    Into FP8 pages the values saturate at +-448 first: torch 2.11's CUDA cast gave NaN past it (the H200
+    machine's). The copy moves 8-byte words where the layout allows, else elements (FP8 ones as bytes: a
+    bitwise copy either way): four times fewer elements for the elementwise index kernel than bf16 ones.
     """
     flat = as_bits(kv_layer).view(-1, kv_layer.shape[-2] * kv_layer.shape[-1])
+    if kv_layer.dtype == FP8:
+        values = values.float().clamp(-FP8_MAX, FP8_MAX)
     source = as_bits(values.to(kv_layer.dtype)).reshape(len(values), -1)
     if flat.element_size() < 8:
         with contextlib.suppress(RuntimeError):  # unless a stride or offset splits a word: copy elements

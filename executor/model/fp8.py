@@ -41,7 +41,9 @@ QUANTIZATIONS = ("fp8",)  # `--quantization` values besides none
 # Hopper: graphed decodes and prefills 1.6-17% faster on an H200, the logits' error against bf16 as it was
 # (LLaDA 0.333 against 0.331, docs/executor-performance.md). Benchmarks compare (`--exact-accum`).
 FAST_ACCUM = True
-TRITON_KERNELS = True  # False: quantize activations with torch ops on CUDA too (benchmarks compare)
+# False: torch ops on CUDA too, for the activations' quantization, the norm before it and the FP8 K/V store
+# (benchmarks compare)
+TRITON_KERNELS = True
 
 
 @dataclass(frozen=True, slots=True)

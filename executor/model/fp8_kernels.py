@@ -112,17 +112,22 @@ def _store_kv(  # type: ignore[no-untyped-def]
 
 
 COMPILED_LAUNCH = True  # False: every launch through Triton's own `kernel[grid](...)` (benchmarks compare)
+# From Triton 3.3 a compiled kernel takes every argument, constexprs included, as `kernel[grid]` binds them
+_COMPILED_TAKES_ALL = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 3)
 
 
 class Launcher:
     """Launches one Triton kernel through its compiled handle once a signature has compiled.
 
     Triton's `kernel[grid](...)` re-derives, at every call, the arguments' binding and specialization key
-    and reads its knobs from the environment: 44-52 us of host time per launch on the H200 machine
-    (`benchmarks/launch_cost.py --ops`), and an eager FP8 forward makes five launches per layer. The first
-    launch of a signature goes through Triton (compiling it); later ones through `CompiledKernel[grid]`,
-    keyed by what Triton specializes on: each tensor's dtype and 16-byte alignment, each integer's being
-    1, a multiple of 16 or past int32, and the constexprs (passed by keyword, in signature order).
+    and reads its knobs from the environment. Launching through the compiled handles instead took an eager
+    FP8 forward's host time from 18-19 to 15-16 ms on the H200 machine (Triton 3.6;
+    `benchmarks/launch_cost.py --triton-launch` against without). The first launch of a signature goes
+    through Triton (compiling it); later ones through `CompiledKernel[grid]`, keyed by what Triton
+    specializes on: each tensor's dtype and 16-byte alignment, each integer's being 1, a multiple of 16 or
+    outside int32, None, a bool's value, plus `num_warps` and the constexprs. Call it with the kernel's
+    non-constexpr arguments positionally and its constexprs by keyword, in signature order; a kernel's
+    handle is loaded on the device current at its first launch (one device per worker process).
     """
 
     def __init__(self, kernel: Any) -> None:
@@ -130,20 +135,22 @@ class Launcher:
         self.compiled: dict[tuple[object, ...], Any] = {}
 
     def __call__(self, grid: tuple[int, ...], *args: object, num_warps: int, **constexprs: object) -> None:
-        key = (*map(_specialization, args), *constexprs.values())
-        compiled = self.compiled.get(key) if COMPILED_LAUNCH else None
+        key = (*map(_specialization, args), num_warps, *constexprs.values())
+        compiled = self.compiled.get(key) if COMPILED_LAUNCH and _COMPILED_TAKES_ALL else None
         if compiled is None:
             self.compiled[key] = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
         else:
             compiled[(*grid, 1, 1)[:3]](*args, *constexprs.values())
 
 
-def _specialization(arg: object) -> object:
+def _specialization(arg: object) -> tuple[object, ...]:
     if isinstance(arg, Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
+        return "tensor", arg.dtype, arg.data_ptr() % 16 == 0
+    if arg is None or isinstance(arg, bool):
+        return "constant", arg
     if isinstance(arg, int):
-        return arg == 1, arg % 16 == 0, arg >= 2**31
-    return None  # floats: not specialized
+        return "int", arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
+    return ("float",)  # not specialized
 
 
 _QUANTIZE_ROWS = Launcher(_quantize_rows)
@@ -223,7 +230,8 @@ def add_rmsnorm_quantize_rows(
 def store_kv(kv_layer: Tensor, k_rows: Tensor, k: Tensor, v: Tensor, page: int) -> None:
     """Cast K and V (T, kv_heads, head_dim), each head's row contiguous, into the E4M3 `kv_layer` (pages, 2,
     page, kv_heads, head_dim), saturating at +-448: token t's K at row k_rows[t] of the layer seen as
-    (pages * 2 * page, kv_heads * head_dim), its V `page` rows on."""
+    (pages * 2 * page, kv_heads * head_dim) (`k_rows` int64: a layer may pass 2**31 elements), its V `page`
+    rows on."""
     width = k.shape[1] * k.shape[2]
     if len(k):
         block = triton.next_power_of_2(width)

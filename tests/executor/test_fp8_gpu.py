@@ -80,20 +80,38 @@ def test_the_fused_add_rmsnorm_quantizer_matches_torch_in_fp32(add: bool, rows: 
     close_in_e4m3(values, fp8.to_fp8(normed, expected_scale))
 
 
-def test_launches_through_the_compiled_handle_match_triton_s_own_for_each_alignment() -> None:
+class CountingKernel:
+    """A Triton kernel whose own launches (`kernel[grid](...)`) are counted."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid: object) -> object:
+        self.launches += 1
+        return self.kernel[grid]  # type: ignore[index]
+
+
+def test_launches_through_the_compiled_handle_match_triton_s_own_for_each_alignment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from executor.model import fp8_kernels
 
     g = torch.Generator(device="cuda").manual_seed(5)
-    wide = torch.randn(64, 4097, device="cuda", generator=g).to(torch.bfloat16)
-    aligned, misaligned = wide[:, :4096].contiguous(), wide[:, 1:]  # the second: 2-byte offset, odd stride
+    buffer = torch.randn(64 * 4096 + 1, device="cuda", generator=g).to(torch.bfloat16)
+    aligned = buffer[:-1].view(64, 4096)
+    misaligned = buffer[1:].view(64, 4096)  # the same strides, 2 bytes off a 16-byte boundary
     expected = {id(x): (fp8.to_fp8(x, fp8.scales(x)), fp8.scales(x)) for x in (aligned, misaligned)}
     launcher = fp8_kernels._QUANTIZE_ROWS
-    for _ in range(3):  # the first launch of each signature compiles; the later ones take its handle
+    counting = CountingKernel(launcher.kernel)
+    monkeypatch.setattr(launcher, "kernel", counting)
+    monkeypatch.setattr(launcher, "compiled", {})
+    for _ in range(3):  # a signature's first launch goes through Triton, the later ones through its handle
         for x in (aligned, misaligned):
             values, scale = fp8_kernels.quantize_rows(x)
             torch.testing.assert_close(scale, expected[id(x)][1], rtol=1e-6, atol=0)
             close_in_e4m3(values, expected[id(x)][0])
-    assert len({key[0][1] for key in launcher.compiled}) == 2  # one compiled kernel per alignment
+    assert sorted(key[0][2] for key in launcher.compiled) == [False, True]  # one kernel per alignment
+    assert counting.launches == (2 if fp8_kernels._COMPILED_TAKES_ALL else 6)
 
 
 @pytest.mark.parametrize(("k", "n", "bias"), [(4096, 12288, False), (3584, 4608, True), (18944, 3584, False)])

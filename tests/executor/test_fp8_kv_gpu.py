@@ -103,7 +103,8 @@ def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_he
     rows, kv_width = 300, kv_heads * HEAD_DIM
     g = torch.Generator(device="cuda").manual_seed(kv_heads)
     qkv = (torch.randn(rows, heads * HEAD_DIM + 2 * kv_width, device="cuda", generator=g) * 100).bfloat16()
-    qkv[::7, -5:] = 1000.0  # past E4M3's 448: saturates
+    qkv[::7, -5:] = 1000.0  # past E4M3's 448, in V and in K: saturates
+    qkv[::5, heads * HEAD_DIM : heads * HEAD_DIM + 3] = -1000.0
     k, v = (part.view(rows, kv_heads, HEAD_DIM) for part in qkv[:, heads * HEAD_DIM :].split(kv_width, -1))
     slot = torch.randperm(64 * PAGE, device="cuda", generator=g)[:rows]  # distinct slots, scattered
     slots = KVSlots(slot // PAGE, slot % PAGE)
@@ -116,7 +117,8 @@ def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_he
     forward._store_rows(copied, k_rows, k.float().clamp(-448, 448))
     forward._store_rows(copied, k_rows + PAGE, v.float().clamp(-448, 448))
     assert torch.equal(fused.view(torch.uint8), copied.view(torch.uint8))  # bit for bit
-    assert float(copied[slots.pages, 1, slots.offsets].float().abs().max()) == 448.0
+    for kv in (0, 1):
+        assert float(copied[slots.pages, kv, slots.offsets].float().abs().max()) == 448.0
 
 
 def test_graphed_decode_over_fp8_pages_equals_eager_decode() -> None:

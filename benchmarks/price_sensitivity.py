@@ -7,8 +7,9 @@ underpriced graphed decodes of 5 or more items, or something else?). CPU only:
 
 Each `--scale a:b` multiplies the price of decode-only iterations of 1-4 items by a and of 5 or more by b
 (1:1 is the testbed as it is), then prints the simulator's error in mean and p99 end-to-end latency against
-the live run. Only stdout is written (each report goes to a temporary directory). It re-prices the Python
-build's cost model, so it refuses a native build (`SANGAM_NATIVE=1`).
+the live run. Only stdout is written (each report goes to a temporary directory). It replaces
+`MeasuredCostModel.seconds` for the run, which both builds allow (the class stays a Python class in the
+native build); where it cannot be replaced, it stops with one line.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def scaled_validate(args: argparse.Namespace, small: float, large: float) -> dic
 
     try:
         measured.MeasuredCostModel.seconds = scaled  # type: ignore[method-assign]
-    except TypeError:  # a mypyc-compiled class cannot be re-priced
-        raise SystemExit("price_sensitivity: needs the Python build (SANGAM_NATIVE unset)") from None
+    except TypeError:  # a compiled (native) class has fixed methods
+        raise SystemExit("price_sensitivity: this build's cost model cannot be re-priced") from None
     try:
         with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
             report = Path(out) / "report.json"

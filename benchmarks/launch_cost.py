@@ -64,6 +64,10 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 
 def forwards(args: argparse.Namespace) -> None:
     """The table of host and GPU time per shape (and `--cprofile`'s functions) for one model and dtype."""
+    import triton  # on the GPU machine only, as the kernels module
+
+    from executor.model import fp8_kernels
+
     family = Family(args.model)
     config = full_size(family)
     device = torch.device("cuda")
@@ -87,7 +91,10 @@ def forwards(args: argparse.Namespace) -> None:
         runner.forward([ForwardItem(rid, Phase.PREFILL, ids, PROMPT)])
         decodes.append(ForwardItem(rid, Phase.DECODE, ids, PROMPT))
     label = f"{family.value} {args.quantization} kv {args.kv_cache_dtype}"
-    print(f"# {label}: torch {torch.__version__}")
+    compiled = getattr(fp8_kernels, "COMPILED_LAUNCH", False) and fp8_kernels._COMPILED_TAKES_ALL
+    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    launch = "compiled handles" if compiled else "Triton's own"
+    print(f"# {label} on {torch.cuda.get_device_name()}: {versions}, launches through {launch}")
     print(f"{'shape':<22} {'host ms':>8} {'gpu ms':>8} {'host/gpu':>8}")
     for size, batch in SHAPES:
         items = decodes[:batch]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cli.main import main as sangam
 from profiles import measured
+from runs.build import build
 from sangam.batcher import Microbatch
 
 LARGE = 5  # decodes from which a graphed replay was seen underpriced (iteration_fidelity)
@@ -62,8 +63,16 @@ def scaled_validate(args: argparse.Namespace, small: float, large: float) -> dic
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def scale(text: str) -> tuple[float, float]:
+    """`a:b` -> (a, b), both positive (argparse turns the ValueError into a one-line usage error)."""
+    small, large = (float(part) for part in text.split(":"))
+    if small <= 0 or large <= 0:
+        raise ValueError(text)
+    return small, large
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="price_sensitivity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--live-results", required=True, help="a live run's directory, as for validate")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--qps", type=float, required=True)
@@ -71,11 +80,20 @@ def main() -> None:
     parser.add_argument("--model", default="llada-8b")
     parser.add_argument("--gpu", default="h200")
     parser.add_argument("--testbed", default="sangam-h200-fp8")
-    parser.add_argument("--scale", nargs="+", default=["1:1", "1.05:1.05", "1:1.3", "1.05:1.3"])
-    args = parser.parse_args()
+    parser.add_argument(
+        "--scale",
+        nargs="+",
+        type=scale,
+        default=[(1.0, 1.0), (1.05, 1.05), (1.0, 1.3), (1.05, 1.3)],
+        metavar="SMALL:LARGE",
+        help="price factors for decodes of 1-4 items and of 5 or more",
+    )
+    args = parser.parse_args(argv)
+    print(
+        f"# {args.live_results}, seed {args.seed}, {args.qps:g} QPS, testbed {args.testbed}, {build()} build"
+    )
     print(f"{'1-4 decodes':>11} {'5+ decodes':>10} {'mean e2e':>9} {'p99 e2e':>8}  (simulator error)")
-    for scale in args.scale:
-        small, large = (float(x) for x in scale.split(":"))
+    for small, large in args.scale:
         errors = scaled_validate(args, small, large)
         print(f"{small:>10.2f}x {large:>9.2f}x {errors['mean']:>+8.1f}% {errors['p99']:>+7.1f}%", flush=True)
 

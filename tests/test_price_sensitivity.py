@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import price_sensitivity
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
@@ -30,3 +32,12 @@ def test_unscaled_prices_give_the_shipped_validation_and_dearer_decodes_a_slower
     assert same["mean"] < dearer["mean"] < 0  # about half the gap: -8.2%
     again = price_sensitivity.scaled_validate(args(), 1.0, 1.0)
     assert again == same  # the cost model is put back after each run
+
+
+@pytest.mark.parametrize("bad", ["abc", "1:2:3", "0:1"])
+def test_a_bad_scale_is_a_one_line_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        price_sensitivity.main(["--live-results", str(RUN), "--seed", "14", "--qps", "1.52", "--scale", bad])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"price_sensitivity: error: argument --scale: invalid scale value: '{bad}'"

@@ -7,8 +7,6 @@
 # LLaDA-8B (and Dream-7B's profile), random weights, FP8 weights and FP8 KV (`--quantization fp8
 # --kv-cache-dtype fp8`):
 #   jit      FlashInfer's modules for bf16 and FP8 pages;
-#   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
-#            TESTS_ALL=1;
 #   profile  sangam profile -> profile/h200-fp8-kvfp8/llada-8b.* (in profile.tgz);
 #   search   sangam fit --profile makes sangam-h200-fp8-call from it (testbed/, in profile.tgz: a shipped
 #            name is never replaced, so it is renamed sangam-h200-fp8 where it ships); sangam search of
@@ -20,7 +18,13 @@
 #            (sangam profile --from-log) and another seed's run stays held out;
 #   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
-#            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason.
+#            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
+#   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
+#            TESTS_ALL=1.
+# STEPS (default: all of them) names the steps to run, in this order: jit profile testbed search live
+# dream serve tests (the tests last: one that times out leaves processes behind that would disturb a measurement). QPS
+# sets the live runs' rate instead of 80% of the searched FP8 capacity (search may then be left out), so a
+# call can repeat earlier live runs (SEEDS="14 13" QPS=1.52 STEPS="jit live": run-to-run variation).
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
 # the summary always prints. At most 8 files come back (the device tool's limit): steps.log (everything,
 # the summary at its end), tests.xml, profile.tgz, search-fp8.csv, search-bf16.csv, validate.tgz,
@@ -33,6 +37,7 @@
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}; WHEELS=${WHEELS:-.whl}
+STEPS=${STEPS:-jit profile testbed search live dream serve tests}; QPS=${QPS:-}
 OUT=${OUT:-/tmp/h200-fp8-serve-out}
 SLO=p99_e2el_s=20
 FP8=(--quantization fp8 --kv-cache-dtype fp8)
@@ -47,8 +52,10 @@ mkdir -p "$OUT"
 LOG="$OUT/steps.log"; : > "$LOG"
 RESULTS=()
 say() { echo "[$(date -u +%H:%M:%S) +$SECONDS s] $*" | tee -a "$LOG"; }
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {
     local name=$1 limit=$2; shift 2; local t0=$SECONDS left=$((BUDGET - 15 - SECONDS))
+    wanted "${name%%-*}" || return 0
     if (( left < 20 )); then
         say "skip $name: $left s left of BUDGET=$BUDGET"; RESULTS+=("$name: skipped"); return 124
     fi
@@ -78,29 +85,26 @@ print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
     [[ -n $JIT_PARTS ]] || tar cz -C ~/.cache flashinfer 2>/dev/null | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 
-GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_flashinfer_gpu.py)
-[[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
-step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
-    --junit-xml=/tmp/fp8-tests.xml
-[[ -f /tmp/fp8-tests.xml ]] && cp /tmp/fp8-tests.xml "$OUT/tests.xml"
-
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"
 DATA="$OUT/profile/h200-fp8-kvfp8"
 [[ -f $DATA/llada-8b.csv ]] && step testbed 30 python3 -m cli.main fit --profile "$DATA" \
     --testbed sangam-h200 --name sangam-h200-fp8-call --out "$OUT/testbed"  # a shipped name is never replaced
-# the bf16 capacity (shipped profile) beside the FP8 one: a CPU job, run while the FP8 one runs
-SEARCH=(python3 -m cli.main search --model llada-8b --gpus 1 --layouts colocated --slo "$SLO" "${SEARCH_N[@]}")
-timeout 120 "${SEARCH[@]}" --testbed sangam-h200 --out "$OUT/search-bf16.csv" > /tmp/search-bf16.log 2>&1 &
-BF16=$!
-[[ -f $OUT/testbed/sangam-h200-fp8-call.json ]] && step search 90 "${SEARCH[@]}" \
-    --testbed "$OUT/testbed/sangam-h200-fp8-call.json" --kv-cache-dtype fp8 --out "$OUT/search-fp8.csv"
-wait "$BF16"; cat /tmp/search-bf16.log >> "$LOG"
 capacity() { python3 -c 'import csv, sys; print(next(csv.DictReader(open(sys.argv[1])))["max_qps_under_slo"])' "$1"; }
-QPS=""
-if [[ -f $OUT/search-fp8.csv ]]; then
+if wanted search; then
+    # the bf16 capacity (shipped profile) beside the FP8 one: a CPU job, run while the FP8 one runs
+    SEARCH=(python3 -m cli.main search --model llada-8b --gpus 1 --layouts colocated --slo "$SLO" "${SEARCH_N[@]}")
+    timeout 120 "${SEARCH[@]}" --testbed sangam-h200 --out "$OUT/search-bf16.csv" > /tmp/search-bf16.log 2>&1 &
+    BF16=$!
+    [[ -f $OUT/testbed/sangam-h200-fp8-call.json ]] && step search 90 "${SEARCH[@]}" \
+        --testbed "$OUT/testbed/sangam-h200-fp8-call.json" --kv-cache-dtype fp8 --out "$OUT/search-fp8.csv"
+    wait "$BF16"; cat /tmp/search-bf16.log >> "$LOG"
+fi
+if [[ -z $QPS && -f $OUT/search-fp8.csv ]]; then
     QPS=$(python3 -c 'import sys; print(f"{round(0.8 * float(sys.argv[1]), 2):g}")' "$(capacity "$OUT/search-fp8.csv")")
     [[ $DRY == 1 && $QPS == 0 ]] && QPS=1  # the tiny CPU twin's profile may meet no rate at all
     say "FP8 capacity $(capacity "$OUT/search-fp8.csv") QPS; the live run at 80%: $QPS QPS"
+fi
+if [[ -n $QPS ]]; then
     for SEED in $SEEDS; do
         RUN="$OUT/validate/seed$SEED/live-qps$QPS"
         step "live-seed$SEED" 220 python3 -m cli.main live --mode colocated "${PLACE[@]}" --gpu h200 "${FP8[@]}" \
@@ -113,6 +117,12 @@ step dream 150 "${PROFILE[@]}" "${DREAM[@]}" --gpu h200 "${FP8[@]}" --out "$OUT/
 
 step serve 120 python3 -m benchmarks.checkpoint_serve chat --max-tokens 64 128 --log /tmp/serve-fp8.log \
     --json "$OUT/chat.json" -- "${PLACE[@]}" --gpu h200 "${FP8[@]}" --mask-len 128
+
+GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_flashinfer_gpu.py)
+[[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
+step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
+    --junit-xml=/tmp/fp8-tests.xml
+[[ -f /tmp/fp8-tests.xml ]] && cp /tmp/fp8-tests.xml "$OUT/tests.xml"
 
 say "summary"
 {

@@ -9,7 +9,7 @@ the mean GPU time of the forward, and the profile's error on them (the GPU's pro
 `--profile DIR` under profiles/data, such as h200-fp8-kvfp8);
 then, for decode-only iterations of 2 or more items, by item count: the mean of the GPU time minus the
 profile's price and its correlation with the contexts' imbalance (items x the longest context - their
-sum: the profile's decodes share one context, and an unsplit attention grid waits for the longest);
+sum: an unsplit attention grid waits for the longest, which the graph buckets' own lines price);
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
 was idle meanwhile (`runs.config.CONTROL_MS` is what the simulator charges).
 """
@@ -23,7 +23,6 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from profiles.measured import Features, predict
 from profiles.shapes import Shape
 from profiles.store import Profile, live_seconds, load_profile, load_profile_dir
 
@@ -35,7 +34,6 @@ def kind(shape: Shape) -> str:
 
 
 def iterations(directory: Path, profile: Profile) -> None:
-    buckets = tuple(profile.meta.get("graph_buckets", ()))
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     with (directory / "iterations.csv").open(newline="") as f:
         for row in csv.DictReader(f):
@@ -44,7 +42,7 @@ def iterations(directory: Path, profile: Profile) -> None:
             entry[0] += 1
             entry[1] += live_seconds(row)
             entry[2] += float(row["gpu_s"])
-            entry[3] += predict(profile.coefficients, Features.of(shape, buckets))
+            entry[3] += profile.price(shape)
     print(f"{directory}: iterations")
     header = ("kind", "n", "live ms", "GPU ms", "profile ms", "error", "time %")
     print("  {:<11} {:>6} {:>8} {:>7} {:>10} {:>7} {:>6}".format(*header))
@@ -56,14 +54,13 @@ def iterations(directory: Path, profile: Profile) -> None:
 
 
 def imbalance(directory: Path, profile: Profile) -> None:
-    buckets = tuple(profile.meta.get("graph_buckets", ()))
     by_items: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (residual s, imbalance tokens)
     with (directory / "iterations.csv").open(newline="") as f:
         for row in csv.DictReader(f):
             shape = Shape.parse(row["items"])
             if shape.prefills or len(shape.decodes) < 2:
                 continue
-            price = predict(profile.coefficients, Features.of(shape, buckets))
+            price = profile.price(shape)
             spread = len(shape.decodes) * max(shape.decodes) - sum(shape.decodes)
             by_items[len(shape.decodes)].append((float(row["gpu_s"]) - price, spread))
     for items, pairs in sorted(by_items.items()):

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         "--scale",
         nargs="+",
         type=scale,
-        default=[(1.0, 1.0), (1.05, 1.05), (1.0, 1.3), (1.05, 1.3)],
+        default=[(1.0, 1.0), (1.05, 1.0), (1.0, 1.1), (1.05, 1.05)],
         metavar="SMALL:LARGE",
         help="price factors for decodes of 1-4 items and of 5 or more",
     )

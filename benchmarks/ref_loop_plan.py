@@ -6,7 +6,8 @@ what the fake workers sleep for (the testbed's iteration-time model and KV link)
 
 Runs in our process; the replay runs in the reference's (its package is also named `sangam`). The
 fake workers price an iteration with the profile's formula (`profiles/measured.py`) from the exported
-coefficients; `checks` holds a few shapes priced here, which the replay recomputes and must match.
+coefficients and graph buckets' lines; `checks` holds a few shapes priced here, which the replay
+recomputes and must match.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def plan(testbed_name: str, model: str, qps: float, n: int, seed: int) -> dict[s
             "gpu": profile.gpu,
             "coefficients": dataclasses.asdict(profile.coefficients),
             "buckets": list(profile.buckets),
+            "graph_times": dataclasses.asdict(profile.graphs) if profile.graphs is not None else None,
         },
         "checks": [
             {"prefills": list(p), "decodes": list(d), "seconds": _priced(cost, p, d)} for p, d in CHECK_SHAPES

@@ -6,6 +6,9 @@ dropping any physical term that would come out negative (the CUDA-graph terms ma
 a replay saves host time). The candidate with the lowest K-fold cross-validated mean absolute
 percentage error wins; its cross-validation errors (every point predicted by a fit that did
 not see it) are the reported held-out figures, and the final coefficients use every point.
+
+`fit_graphs` fits each CUDA-graph bucket's own line (`GraphTimes`) on that bucket's decode-only replays,
+by the same relative least squares, with its leave-one-out error.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from profiles.measured import TERMS, Coefficients, Features, predict
+from profiles.measured import TERMS, Coefficients, Features, GraphTimes, predict
+from profiles.shapes import Shape
 
 SIGNED = ("graph", "per_graph_item")  # may be negative
+LINE_POINTS = 3  # the fewest replays of a bucket, over at least two longest contexts, that fit its own line
 CANDIDATES = {  # name -> terms it may use
     "shared": tuple(t for t in TERMS if t != "per_graph_item"),
     "graph-items": TERMS,
@@ -107,3 +112,54 @@ def fit(samples: Sequence[Sample], seed: int = 0, folds: int = 10) -> FitReport:
     p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
     coefficients = solve(samples, knee, CANDIDATES[name])
     return FitReport(coefficients, name, len(samples), folds, mape, p90, errs[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class GraphFit:
+    graphs: GraphTimes
+    points: int
+    heldout_mape: float  # percent, each replay predicted by its bucket's line fitted without it
+
+    def as_dict(self) -> dict[str, Any]:
+        lines = {key: list(values) for key, values in asdict(self.graphs).items()}  # as JSON gives them back
+        return {**lines, "points": self.points, "heldout_mape": self.heldout_mape}
+
+
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float, list[float]]:
+    """(fixed, per_longest) by relative least squares over (longest context, seconds), and each point's
+    leave-one-out absolute percentage error (from the hat matrix: residual / (1 - leverage)). A slope that
+    would come out negative is dropped (a replay never gets cheaper with a longer context)."""
+    y = np.array([seconds for _, seconds in points])
+    w = 1.0 / y
+    x = np.array([[1.0, longest] for longest, _ in points]) * w[:, None]
+    (fixed, slope), *_ = np.linalg.lstsq(x, y * w, rcond=None)
+    if slope < 0:
+        x, slope = x[:, :1], 0.0
+        (fixed,), *_ = np.linalg.lstsq(x, y * w, rcond=None)
+    leverage = np.einsum("ij,jk,ik->i", x, np.linalg.pinv(x.T @ x), x)
+    residual = (y - fixed - slope * np.array([longest for longest, _ in points])) * w
+    heldout = 100 * np.abs(residual / np.maximum(1.0 - leverage, 1e-12))
+    return float(fixed), float(slope), heldout.tolist()
+
+
+def fit_graphs(samples: Sequence[tuple[Shape, float]], buckets: Sequence[int]) -> GraphFit | None:
+    """Each bucket's line over its decode-only replays (those with at least `LINE_POINTS` replays over two
+    or more longest contexts); None if no bucket has them."""
+    by_bucket: dict[int, list[tuple[int, float]]] = {}
+    for shape, seconds in samples:
+        bucket = shape.graph_bucket(buckets)
+        if bucket:
+            by_bucket.setdefault(bucket, []).append((max(shape.decodes), seconds))
+    fitted: list[tuple[int, float, float]] = []
+    errs: list[float] = []
+    for bucket, points in sorted(by_bucket.items()):
+        if len(points) >= LINE_POINTS and len({longest for longest, _ in points}) >= 2:
+            fixed, slope, heldout = _line(points)
+            fitted.append((bucket, fixed, slope))
+            errs += heldout
+    if not fitted:
+        return None
+    graphs = GraphTimes(
+        tuple(b for b, _, _ in fitted), tuple(f for _, f, _ in fitted), tuple(s for _, _, s in fitted)
+    )
+    return GraphFit(graphs, len(errs), sum(errs) / len(errs))

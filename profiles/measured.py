@@ -6,6 +6,9 @@
               + per_square * sum(S^2)             # non-causal prefill attention
               + per_context * sum(C)              # decode attention reading the cached K and V
 
+A decode-only microbatch replayed as a CUDA graph is priced instead by its bucket's own line where the
+profile measured that bucket (`GraphTimes`): `fixed + per_longest * max(C)`.
+
 `tokens` counts every query token (S per prefill, 32 per decode, graph padding included).
 The weight-read floor (`per_token * knee`) and the KV reads are bandwidth-bound; the rest is
 compute or host time. A derived profile for another GPU scales only the bandwidth-bound terms.
@@ -74,7 +77,32 @@ class Features:
         return (1.0, self.graph, self.items, graph_items, mixed, linear, self.squares, self.context)
 
 
+@dataclass(frozen=True, slots=True)
+class GraphTimes:
+    """Per CUDA-graph bucket, what a decode-only replay costs: `fixed[i] + per_longest[i] * the longest
+    context` for bucket `buckets[i]`, fitted on that bucket's measured replays.
+
+    A replay runs the bucket's padded batch whatever the item count, and its attention gives every item
+    its own CTAs over that item's whole KV, nearly all in one wave: the longest context, not the sum of
+    the contexts, sets its time (on an H200, 6 items cost what 8 do; a replay of 5 items with unequal
+    contexts runs as long as 8 items of the longest). Grids of several waves (the largest buckets) and
+    split-KV grids depend on the sum as well, so there an unequal batch is priced somewhat high.
+    """
+
+    buckets: tuple[int, ...]
+    fixed: tuple[float, ...]
+    per_longest: tuple[float, ...]
+
+    def line(self, bucket: int) -> tuple[float, float] | None:
+        """(fixed, per_longest) of `bucket`, None where it was not measured."""
+        if bucket not in self.buckets:
+            return None
+        i = self.buckets.index(bucket)
+        return self.fixed[i], self.per_longest[i]
+
+
 def predict(c: Coefficients, f: Features) -> float:
+    """The shared model's time (no bucket's own line: `shape_seconds` applies those)."""
     return (
         c.overhead
         + c.graph * f.graph
@@ -87,32 +115,50 @@ def predict(c: Coefficients, f: Features) -> float:
     )
 
 
-class MeasuredCostModel:
-    """`CostModel` from fitted coefficients; `buckets`: decode batch sizes replayed as CUDA graphs."""
+def shape_seconds(c: Coefficients, graphs: GraphTimes | None, shape: Shape, buckets: Sequence[int]) -> float:
+    """What `MeasuredCostModel` charges for an iteration of `shape`."""
+    line = graphs.line(shape.graph_bucket(buckets)) if graphs is not None else None
+    if line is not None:
+        return line[0] + line[1] * max(shape.decodes)
+    return predict(c, Features.of(shape, buckets))
 
-    def __init__(self, coefficients: Coefficients, buckets: Sequence[int] = ()) -> None:
+
+class MeasuredCostModel:
+    """`CostModel` from fitted coefficients; `buckets`: decode batch sizes replayed as CUDA graphs,
+    `graphs`: the measured buckets' own lines."""
+
+    def __init__(
+        self, coefficients: Coefficients, buckets: Sequence[int] = (), graphs: GraphTimes | None = None
+    ) -> None:
         self.coefficients = coefficients
         self.buckets = tuple(sorted(buckets))
         c = coefficients
         # a decode-only microbatch of n decodes, n = 0..largest bucket, costs `fixed + per_context * context
-        # + graph`: the terms fixed by n (n > 0 replays the smallest bucket holding n as a CUDA graph)
+        # + per_longest * longest + graph`: (fixed, per_context, per_longest, graph) by n (n > 0 replays the
+        # smallest bucket holding n as a CUDA graph), from the bucket's own line where it has one
         largest = self.buckets[-1] if self.buckets else 0
-        self._decode_only = [(c.overhead, 0.0)]
+        self._decode_only = [(c.overhead, 0.0, 0.0, 0.0)]
         for n in range(1, largest + 1):
             bucket = next(b for b in self.buckets if b >= n)
+            line = graphs.line(bucket) if graphs is not None else None
+            if line is not None:
+                self._decode_only.append((line[0], 0.0, line[1], 0.0))
+                continue
             fixed = c.overhead + c.per_item * n + c.per_token * max(BLOCK * bucket, c.knee)
-            self._decode_only.append((fixed, c.graph + c.per_graph_item * n))
+            self._decode_only.append((fixed, c.per_context, 0.0, c.graph + c.per_graph_item * n))
 
     def seconds(self, mb: Microbatch) -> float:
-        """`predict` over `Features.of(Shape.of(mb))`, inlined: the simulator calls it every iteration."""
+        """`shape_seconds` of `Shape.of(mb)`, inlined: the simulator calls it every iteration."""
         c = self.coefficients
         prefills, n_decodes = mb.prefills, len(mb.decodes)
-        context = 0
+        context = longest = 0
         for req in mb.decodes:
             context += req.seq_len
+            if req.seq_len > longest:
+                longest = req.seq_len
         if not prefills and n_decodes < len(self._decode_only):
-            fixed, graph = self._decode_only[n_decodes]
-            return fixed + c.per_context * context + graph
+            fixed, per_context, per_longest, graph = self._decode_only[n_decodes]
+            return fixed + per_context * context + per_longest * longest + graph
         tokens = BLOCK * n_decodes  # run eagerly: every query token, no padding
         squares = 0
         for req in prefills:

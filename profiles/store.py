@@ -2,10 +2,11 @@
 
 `profiles/data/<gpu>/<model>.csv` holds measured iterations (`items`, `seconds`, ...);
 `<model>.meta.json` what they were measured on (GPU, versions, grid, KV pages of the live worker,
-the decode batch sizes replayed as CUDA graphs); `<model>.fit.json` the fitted coefficients and
-their held-out error, cached by the hash of the CSV and the graphed batch sizes. A GPU without data of
-its own takes a profile derived from one that has it, marked `derived` (H100 from H200: bandwidth-bound
-terms scaled).
+the decode batch sizes replayed as CUDA graphs); `<model>.fit.json` the fitted coefficients, the graph
+buckets' own lines (`graph_times`) and their held-out errors, cached by the hash of the CSV and the
+graphed batch sizes. A GPU without data of its own takes a profile derived from one that has it, marked
+`derived` (H100 from H200: bandwidth-bound terms scaled; the buckets' lines, measured on one GPU only,
+are left out).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from profiles.analytic import AnalyticCostModel
-from profiles.measured import Coefficients, Features, MeasuredCostModel
+from profiles.measured import Coefficients, Features, GraphTimes, MeasuredCostModel, shape_seconds
 from profiles.shapes import Shape
 from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
@@ -40,9 +41,14 @@ class Profile:
     meta: dict[str, Any]
     report: dict[str, Any]
     derived_from: str | None = None
+    graphs: GraphTimes | None = None  # the graph buckets' own lines (None: the shared model prices them)
 
     def cost_model(self) -> MeasuredCostModel:
-        return MeasuredCostModel(self.coefficients, self.buckets)
+        return MeasuredCostModel(self.coefficients, self.buckets, self.graphs)
+
+    def price(self, shape: Shape) -> float:
+        """What the cost model charges for an iteration of `shape`."""
+        return shape_seconds(self.coefficients, self.graphs, shape, self.buckets)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -139,16 +145,18 @@ def load_profile_dir(model: str, directory: str, gpu: str, root: Path = DATA) ->
         return None
     meta = json.loads(meta_path.read_text())
     measured_on = str(meta.get("gpu", directory))
-    coefficients, report = _fitted(model, directory, meta, root)
+    coefficients, graphs, report = _fitted(model, directory, meta, root)
     if measured_on == gpu:
-        return Profile(model, gpu, coefficients, meta, report)
+        return Profile(model, gpu, coefficients, meta, report, graphs=graphs)
     ratio = lookup_gpu(measured_on).tb_per_s / target.tb_per_s
     meta = {**meta, "gpu": gpu, "derived": True, "bandwidth_ratio": ratio, "data": directory}
     meta.pop("kv_pages", None)  # memory differs: pages come from the GPU's memory, not the source's
     return Profile(model, gpu, coefficients.derived(ratio), meta, report, derived_from=measured_on)
 
 
-def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coefficients, dict[str, Any]]:
+def _fitted(
+    model: str, gpu: str, meta: dict[str, Any], root: Path
+) -> tuple[Coefficients, GraphTimes | None, dict[str, Any]]:
     data, _, cache = paths(model, gpu, root)
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
     buckets = list(meta.get("graph_buckets", ()))
@@ -160,15 +168,29 @@ def _fitted(model: str, gpu: str, meta: dict[str, Any], root: Path) -> tuple[Coe
                 cached.get("data_sha256"),
                 cached.get("graph_buckets"),
                 set(cached.get("coefficients", ())),
+                "graph_times" in cached,
             )
-            if key == (digest, buckets, COEFFICIENT_NAMES):
-                return Coefficients(**cached["coefficients"]), cached
-    from profiles.fit import Sample, fit  # numpy (and scipy): only once the cache is stale
+            if key == (digest, buckets, COEFFICIENT_NAMES, True):
+                return Coefficients(**cached["coefficients"]), _graph_times(cached["graph_times"]), cached
+    from profiles.fit import Sample, fit, fit_graphs  # numpy (and scipy): only once the cache is stale
 
-    samples = [Sample(Features.of(shape, tuple(buckets)), seconds) for shape, seconds in read_samples(data)]
-    report = {**fit(samples).as_dict(), "data_sha256": digest, "graph_buckets": buckets}
+    measured = read_samples(data)
+    samples = [Sample(Features.of(shape, tuple(buckets)), seconds) for shape, seconds in measured]
+    graphs = fit_graphs(measured, buckets)
+    report = {
+        **fit(samples).as_dict(),
+        "graph_times": graphs.as_dict() if graphs is not None else None,
+        "data_sha256": digest,
+        "graph_buckets": buckets,
+    }
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    return Coefficients(**report["coefficients"]), report
+    return Coefficients(**report["coefficients"]), graphs.graphs if graphs is not None else None, report
+
+
+def _graph_times(record: dict[str, Any] | None) -> GraphTimes | None:
+    if record is None:
+        return None
+    return GraphTimes(tuple(record["buckets"]), tuple(record["fixed"]), tuple(record["per_longest"]))
 
 
 def merge_log(

@@ -24,29 +24,30 @@ def rows(out: str) -> dict[str, list[str]]:
 def test_profile_picks_the_profile_the_live_iterations_are_compared_with(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/executor-performance.md's figures: the FP8 run's single decodes 4.6% under its FP8 profile
-    (8.6% over the bf16 one), its mixed iterations 1.8% over, its decodes of 5+ items 24.0% under."""
+    """docs/executor-performance.md's figures: the FP8 run's single decodes 0.5% under its FP8 profile
+    (8.5% over the bf16 one), its mixed iterations 1.8% over, its decodes of 5+ items 5.6% under (24.0%
+    under before the graph buckets' own lines)."""
     iteration_fidelity.main([str(FP8_RUN), "--profile", "h200-fp8-kvfp8"])
     fp8 = rows(capsys.readouterr().out)
     iteration_fidelity.main([str(FP8_RUN)])
     bf16 = rows(capsys.readouterr().out)
     assert fp8["decode x1"][:2] == bf16["decode x1"][:2] == ["1761", "5.66"]  # the same live iterations
-    assert (fp8["decode x1"][-2], bf16["decode x1"][-2]) == ("-4.6%", "+8.6%")
-    assert (fp8["mixed"][-2], fp8["decode x5+"][-2]) == ("+1.8%", "-24.0%")
+    assert (fp8["decode x1"][-2], bf16["decode x1"][-2]) == ("-0.5%", "+8.5%")
+    assert (fp8["mixed"][-2], fp8["decode x5+"][-2]) == ("+1.8%", "-5.6%")
 
 
-def test_graphed_decodes_of_mixed_contexts_cost_more_the_more_their_contexts_differ(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """The figures behind the FP8 validation's cause: decodes of 5 items, replayed in the 8-item graph,
-    take 1.86 ms more than the profile prices, and the more so the more their contexts differ."""
+def test_graphed_decodes_are_priced_by_their_longest_context(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each graph bucket's own line prices a replay by its longest context: what a live replay costs beyond
+    its price no longer follows how unequal its contexts are (priced by their sum, decodes of 5 items ran
+    1.86 ms over, correlated +0.60 with the imbalance)."""
     iteration_fidelity.main([str(FP8_RUN), "--profile", "h200-fp8-kvfp8"])
     lines = [line for line in capsys.readouterr().out.splitlines() if " decodes: " in line]
-    assert lines[0].startswith("  2 decodes: 1168 iterations, GPU over profile -0.34 ms")
     assert lines[3] == (
-        "  5 decodes: 142 iterations, GPU over profile +1.86 ms, correlation with imbalance +0.60 "
+        "  5 decodes: 142 iterations, GPU over profile -0.37 ms, correlation with imbalance -0.03 "
         "(mean imbalance 3187 tokens)"
     )
+    correlations = [float(line.split("imbalance ")[1].split()[0]) for line in lines[:4]]  # 2-5 decodes
+    assert all(abs(c) < 0.1 for c in correlations), correlations
 
 
 def test_a_missing_profile_is_one_line() -> None:

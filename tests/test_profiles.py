@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from profiles.fit import Sample, fit
-from profiles.measured import Coefficients, Features, predict
+from profiles.fit import Sample, fit, fit_graphs
+from profiles.measured import Coefficients, Features, GraphTimes, predict, shape_seconds
 from profiles.shapes import Shape
 from profiles.store import load_profile, paths
+from sangam.batcher import Microbatch
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TRUE = Coefficients(
@@ -26,6 +27,8 @@ TRUE = Coefficients(
     per_context=1.7e-7,
     knee=256.0,
 )
+
+LINES = GraphTimes(buckets=(1, 4, 8), fixed=(5e-3, 6e-3, 7e-3), per_longest=(2e-7, 5e-7, 1.6e-6))
 
 
 def grid(rng: random.Random) -> list[Shape]:
@@ -114,6 +117,8 @@ def test_store_fits_once_and_derives_h100(tmp_path: Path) -> None:
     derived = load_profile("llada-8b", "h100", tmp_path)
     assert derived is not None and derived.derived_from == "h200" and derived.meta["derived"]
     assert derived.kv_pages is None
+    # the buckets' lines are the measuring GPU's own: a derived profile prices with the shared model
+    assert measured.graphs is not None and derived.graphs is None
     assert load_profile("dream-7b", "h100", tmp_path) is None
 
 
@@ -130,23 +135,90 @@ def test_the_fit_cache_is_stale_when_the_buckets_or_the_terms_change(tmp_path: P
     cache.write_text(json.dumps(old))
     assert load_profile("llada-8b", "h200", tmp_path) is not None
     assert "per_mixed_decode" in json.loads(cache.read_text())["coefficients"]
+    old = json.loads(cache.read_text())
+    del old["graph_times"]  # a cache from before the buckets' lines
+    cache.write_text(json.dumps(old))
+    assert load_profile("llada-8b", "h200", tmp_path).graphs is not None  # type: ignore[union-attr]
+    assert json.loads(cache.read_text())["graph_times"]["buckets"] == [1, 2]  # the buckets set above
     cache.write_text("{not json")
     assert load_profile("llada-8b", "h200", tmp_path) is not None
 
 
-@pytest.mark.parametrize("buckets", [BUCKETS, (1, 2, 4), ()])
-def test_cost_model_equals_the_fitted_formula(buckets: tuple[int, ...]) -> None:
+def microbatch(prefills: tuple[int, ...], decodes: tuple[int, ...]) -> Microbatch:
     from factories import make_request
 
-    from profiles.measured import MeasuredCostModel
-    from sangam.batcher import Microbatch
+    reqs = [make_request(i, s) for i, s in enumerate((*prefills, *decodes))]
+    return Microbatch(tuple(reqs[len(prefills) :]), tuple(reqs[: len(prefills)]), 0, 0, 0, 0)
 
-    model = MeasuredCostModel(TRUE, buckets)
-    for prefills, decodes in [((), (900,) * 3), ((2000,), (1819,) * 5), ((512, 4096), ()), ((), (100,) * 70)]:
-        reqs = [make_request(i, s) for i, s in enumerate((*prefills, *decodes))]
-        mb = Microbatch(tuple(reqs[len(prefills) :]), tuple(reqs[: len(prefills)]), 0, 0, 0, 0)
-        expected = predict(TRUE, Features.of(Shape(prefills, decodes), buckets))
-        assert model.seconds(mb) == pytest.approx(expected, rel=1e-12)
+
+@pytest.mark.parametrize("graphs", [None, LINES])
+@pytest.mark.parametrize("buckets", [BUCKETS, (1, 2, 4), ()])
+def test_cost_model_equals_the_fitted_formula(buckets: tuple[int, ...], graphs: GraphTimes | None) -> None:
+    from profiles.measured import MeasuredCostModel
+
+    model = MeasuredCostModel(TRUE, buckets, graphs)
+    shapes = [
+        ((), (900,) * 3),
+        ((2000,), (1819,) * 5),
+        ((512, 4096), ()),
+        ((), (100,) * 70),
+        ((), (300, 4000)),
+    ]
+    shapes += [((), (4000, 300, 1000, 2000, 300)), ((), (700,)), ((), (50,) * 16)]
+    for prefills, decodes in shapes:
+        expected = shape_seconds(TRUE, graphs, Shape(prefills, decodes), buckets)
+        assert model.seconds(microbatch(prefills, decodes)) == pytest.approx(expected, rel=1e-12)
+        if graphs is None:
+            assert expected == predict(TRUE, Features.of(Shape(prefills, decodes), buckets))
+
+
+def test_a_replay_costs_its_buckets_line_at_its_longest_context() -> None:
+    """5 decodes replay the 8-item graph: as dear as 8 decodes of their longest context, whatever the
+    others; a bucket without a line (2, 16 here) and eager microbatches take the shared model."""
+    from profiles.measured import MeasuredCostModel
+
+    model = MeasuredCostModel(TRUE, BUCKETS, LINES)
+    unequal = model.seconds(microbatch((), (4000, 300, 1000, 2000, 300)))
+    assert unequal == model.seconds(microbatch((), (4000,) * 8)) == pytest.approx(7e-3 + 1.6e-6 * 4000)
+    for prefills, decodes in [((), (900, 1000)), ((), (900,) * 12), ((512,), (900,) * 3)]:
+        expected = predict(TRUE, Features.of(Shape(prefills, decodes), BUCKETS))
+        assert model.seconds(microbatch(prefills, decodes)) == pytest.approx(expected, rel=1e-12)
+
+
+def replays(rng: random.Random, noise: float) -> list[tuple[Shape, float]]:
+    """Replays of LINES' buckets (1-8 items, equal and unequal contexts), priced by LINES with noise, and
+    of bucket 2 with too few points for a line, and some eager iterations."""
+    out = []
+    for items in (1, 3, 4, 5, 6, 8):
+        for longest in (256, 1024, 1819, 4096):
+            decodes = (longest, *(rng.randint(100, longest) for _ in range(items - 1)))
+            out.append((Shape((), decodes), shape_seconds(TRUE, LINES, Shape((), decodes), BUCKETS)))
+    out += [(Shape((), (500, 500)), 9e-3), (Shape((), (900, 100)), 9e-3), (Shape((1024,), (900,)), 2e-2)]
+    return [(shape, seconds * rng.gauss(1.0, noise)) for shape, seconds in out]
+
+
+def test_fit_graphs_recovers_each_buckets_line() -> None:
+    report = fit_graphs(replays(random.Random(0), noise=0.0), BUCKETS)
+    assert report is not None and report.graphs.buckets == LINES.buckets  # bucket 2: two points, no line
+    assert report.graphs.fixed == pytest.approx(LINES.fixed, rel=1e-9)
+    assert report.graphs.per_longest == pytest.approx(LINES.per_longest, rel=1e-9)
+    assert report.points == 24 and report.heldout_mape < 1e-6
+    assert fit_graphs([(Shape((1024,), ()), 1e-2)] * 10, BUCKETS) is None  # no replays at all
+
+
+def test_fit_graphs_heldout_error_is_each_replay_left_out() -> None:
+    from profiles.fit import _line
+
+    points = [
+        (max(s.decodes), t) for s, t in replays(random.Random(1), noise=0.05) if s.graph_bucket(BUCKETS) == 8
+    ]
+    _, _, heldout = _line(points)
+    for i, (longest, seconds) in enumerate(points):
+        fixed, slope, _ = _line(points[:i] + points[i + 1 :])
+        assert heldout[i] == pytest.approx(100 * abs(fixed + slope * longest - seconds) / seconds, rel=1e-6)
+    falling = [(256, 9e-3), (1024, 8e-3), (4096, 7e-3)]  # never cheaper with a longer context: a constant
+    fixed, slope, _ = _line(falling)
+    assert slope == 0.0 and 7e-3 < fixed < 9e-3
 
 
 def test_the_shipped_profiles_load_from_their_caches_without_numpy() -> None:

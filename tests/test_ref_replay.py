@@ -4,6 +4,7 @@ its checkpoint writer, replay client and report timer run in the reference's own
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -339,3 +340,21 @@ def test_sched_loop_runs_the_references_scheduler_with_fake_workers(reference: P
         0 < blocks["prefill_end_to_kv_send"]["median"] <= blocks["prefill_end_to_decode_admitted"]["median"]
     )
     assert 0 < summary["event_loop_cpu_busy_fraction"] <= summary["event_loop_busy_fraction"] < 1
+
+
+def test_the_replay_prices_the_plans_checks_as_the_planner_does() -> None:
+    """sched_loop's fake workers price the plan's check shapes (decode-only replays among them) as our cost
+    model does, on a measured testbed whose graph buckets have their own lines; without the lines it would
+    not, and says so in one line."""
+    from benchmarks.ref_loop_plan import plan
+
+    spec = importlib.util.spec_from_file_location("refpeer_pricing", REFPEER / "pricing.py")
+    assert spec is not None and spec.loader is not None
+    pricing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pricing)
+    planned = plan("reference-h200", "llada-8b", 2.0, 6, 0)
+    assert planned["profile"]["graph_times"] is not None
+    pricing.Pricing(planned)  # exits unless every check is priced alike
+    without = {**planned, "profile": {**planned["profile"], "graph_times": None}}
+    with pytest.raises(SystemExit, match=r"^error: the replay prices"):
+        pricing.Pricing(without)

@@ -21,6 +21,9 @@ COLOCATED = {
     # and at 3f956a3 for validate-llada-8b-h200-colocated-fp8-seed1[34].json)
     "validate-llada-8b-h200-colocated-fp8-3-seed13.json": "live-colocated-fp8-llada-8b-h200-3/seed13",
     "validate-llada-8b-h200-colocated-fp8-3-seed14.json": "live-colocated-fp8-llada-8b-h200-3/seed14",
+    # the same two seeds run again live (one call, seed 14 first): the runs' own spread
+    "validate-llada-8b-h200-colocated-fp8-4-seed13.json": "live-colocated-fp8-llada-8b-h200-4/seed13",
+    "validate-llada-8b-h200-colocated-fp8-4-seed14.json": "live-colocated-fp8-llada-8b-h200-4/seed14",
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

@@ -17,7 +17,6 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from profiles.measured import Features, predict
 from profiles.shapes import Shape
 from profiles.store import load_profile_dir
 
@@ -32,7 +31,6 @@ def main(argv: list[str] | None = None) -> None:
     profile = load_profile_dir(args.model, args.profile, "h200")
     if profile is None:
         raise SystemExit(f"hostwatch.report: no profile of {args.model} in profiles/data/{args.profile}")
-    buckets = tuple(profile.meta.get("graph_buckets", ()))
     try:
         with args.iterations.open(newline="") as f:
             rows = list(csv.DictReader(f))
@@ -50,9 +48,7 @@ def main(argv: list[str] | None = None) -> None:
             shape = Shape.parse(row["items"])
             kind = ("mixed" if shape.decodes else "prefill") if shape.prefills else "decode"
             gpu = float(row["gpu_s"])
-            kinds[kind].append(
-                (float(step["a"]), gpu, gpu / predict(profile.coefficients, Features.of(shape, buckets)))
-            )
+            kinds[kind].append((float(step["a"]), gpu, gpu / profile.price(shape)))
     except (KeyError, ValueError) as err:  # a missing column, a malformed row
         raise SystemExit(f"hostwatch.report: a bad log: {err!r}") from None
     print(

@@ -49,55 +49,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pricing import BLOCK, Pricing
 from refpath import require_reference
 
 MASK_ID = 126336  # LLaDA-8B's
-BLOCK = 32
 PAGE = 16
 MAX_MESSAGE = 64 * 2**20
-
-
-# ----- the plan's iteration-time model and link ------------------------------------------------------
-
-
-class Pricing:
-    """What a fake worker sleeps: the profile's formula over the plan's coefficients, and the link."""
-
-    def __init__(self, plan: dict[str, Any]) -> None:
-        self.c = plan["profile"]["coefficients"]
-        self.buckets = sorted(plan["profile"]["buckets"])
-        self.gbps = plan["link"]["gb_per_s"]
-        self.latency = plan["link"]["latency_s"]
-        self.kv_bytes = plan["kv_bytes_per_token"]
-        for check in plan["checks"]:
-            got = self.iteration(check["prefills"], check["decodes"])
-            if abs(got - check["seconds"]) > 1e-9:
-                raise SystemExit(
-                    f"error: the replay prices {check} at {got}, the planner at {check['seconds']}"
-                )
-
-    def iteration(self, prefills: list[int], decodes: list[int]) -> float:
-        """Seconds of one iteration: prefills of these sequence lengths, decodes of these contexts."""
-        c = self.c
-        bucket = 0
-        if decodes and not prefills:
-            bucket = next((b for b in self.buckets if b >= len(decodes)), 0)
-        graph = 1.0 if bucket else 0.0
-        items = len(prefills) + len(decodes)
-        tokens = sum(prefills) + BLOCK * (bucket or len(decodes))
-        return (
-            c["overhead"]
-            + c["graph"] * graph
-            + c["per_item"] * items
-            + c["per_graph_item"] * graph * items
-            + c["per_mixed_decode"] * (len(decodes) if prefills else 0)
-            + c["per_token"] * max(tokens, c["knee"])
-            + c["per_square"] * sum(s * s for s in prefills)
-            + c["per_context"] * sum(decodes)
-        )
-
-    def transfer(self, seq_len: int) -> float:
-        return seq_len * self.kv_bytes / (self.gbps * 1e9) + self.latency
 
 
 def plan_id(sequence: Any) -> int:

@@ -17,18 +17,21 @@
 #            validate/seedS/live-qpsQ/ (in validate.tgz): one seed's log can refit the profile
 #            (sangam profile --from-log) and another seed's run stays held out;
 #   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
+#   speed    benchmarks.executor_speed of LLaDA-8B, bf16 and FP8 side by side, then FP8 over FP8 pages
+#            (speed.json, speed-kv8.json; kernel sums at 8 and 32 items); not in the default STEPS, nor DRY;
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
 #   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
 #            TESTS_ALL=1.
-# STEPS (default: all of them) names the steps to run, in this order: jit profile testbed search live
-# dream serve tests (the tests last: one that times out leaves processes behind that would disturb a measurement). QPS
-# sets the live runs' rate instead of 80% of the searched FP8 capacity (search may then be left out), so a
-# call can repeat earlier live runs (SEEDS="14 13" QPS=1.52 STEPS="jit live": run-to-run variation).
+# STEPS (default: all but speed) names the steps to run, in this order: jit profile testbed search live
+# speed dream serve tests (the tests last: one that times out leaves processes behind that would disturb a
+# measurement). QPS sets the live runs' rate instead of 80% of the searched FP8 capacity (search may then be
+# left out), so a call can repeat earlier live runs (SEEDS="14 13" QPS=1.52 STEPS="jit live").
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
-# the summary always prints. At most 8 files come back (the device tool's limit): steps.log (everything,
-# the summary at its end), tests.xml, profile.tgz, search-fp8.csv, search-bf16.csv, validate.tgz,
-# chat.json, and, when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
+# the summary always prints. At most 8 files come back (the device tool's limit), so ask for steps whose
+# files fit: steps.log (everything, the summary at its end), tests.xml, profile.tgz, search-fp8.csv,
+# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, chat.json, and, when no cache was carried, the
+# JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
 # then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
 # by the same code, or the modules it lacks are built in the jit step each call.
 # DRY=1: the same sequence on this CPU machine: tiny-llada CPU workers, the profile through
@@ -112,6 +115,12 @@ if [[ -n $QPS ]]; then
     done
 fi
 
+SPEED=(python3 -m benchmarks.executor_speed --models llada --prefill 2048 --decode 8 32 --profile 8 32)
+if [[ $DRY != 1 ]]; then
+    step speed 200 "${SPEED[@]}" --quantization bf16 fp8 --json "$OUT/speed.json"
+    step speed-kv8 120 "${SPEED[@]}" --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/speed-kv8.json"
+fi
+
 DREAM=(--model dream-7b)  # DRY=1: dry_profile runs its tiny twin
 step dream 150 "${PROFILE[@]}" "${DREAM[@]}" --gpu h200 "${FP8[@]}" --out "$OUT/profile"
 
@@ -122,7 +131,7 @@ GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_flashinfer_gpu.
 [[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
 step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
     --junit-xml=/tmp/fp8-tests.xml
-[[ -f /tmp/fp8-tests.xml ]] && cp /tmp/fp8-tests.xml "$OUT/tests.xml"
+wanted tests && [[ -f /tmp/fp8-tests.xml ]] && cp /tmp/fp8-tests.xml "$OUT/tests.xml"
 
 say "summary"
 {

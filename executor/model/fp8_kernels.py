@@ -23,6 +23,17 @@ from executor.model.fp8 import FP8, FP8_MAX, MIN_SCALE
 
 
 @triton.jit
+def _store_quantized_row(  # type: ignore[no-untyped-def]
+    x, q_ptr, scale_ptr, row, cols, keep, q_stride, fp8_max, min_scale
+):
+    """Row `row`'s fp32 values `x` as E4M3 with their scale, max(amax / 448, MIN_SCALE), saturating."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / fp8_max, min_scale)
+    q = tl.clamp(x / scale, -fp8_max, fp8_max)
+    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=keep)
+    tl.store(scale_ptr + row, scale)
+
+
+@triton.jit
 def _quantize_rows(  # type: ignore[no-untyped-def]  # a Triton kernel: its annotations mean other things
     x_ptr, q_ptr, scale_ptr, width, x_stride, q_stride, fp8_max, min_scale, BLOCK: tl.constexpr
 ):
@@ -30,10 +41,7 @@ def _quantize_rows(  # type: ignore[no-untyped-def]  # a Triton kernel: its anno
     cols = tl.arange(0, BLOCK)
     keep = cols < width
     x = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / fp8_max, min_scale)
-    q = tl.clamp(x / scale, -fp8_max, fp8_max)
-    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=keep)
-    tl.store(scale_ptr + row, scale)
+    _store_quantized_row(x, q_ptr, scale_ptr, row, cols, keep, q_stride, fp8_max, min_scale)
 
 
 @triton.jit
@@ -46,10 +54,7 @@ def _silu_mul_quantize_rows(  # type: ignore[no-untyped-def]
     gate = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * x_stride + width + cols, mask=keep, other=0.0).to(tl.float32)
     x = gate / (1.0 + tl.exp(-gate)) * up
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / fp8_max, min_scale)
-    q = tl.clamp(x / scale, -fp8_max, fp8_max)
-    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=keep)
-    tl.store(scale_ptr + row, scale)
+    _store_quantized_row(x, q_ptr, scale_ptr, row, cols, keep, q_stride, fp8_max, min_scale)
 
 
 @triton.jit
@@ -80,10 +85,7 @@ def _add_rmsnorm_quantize_rows(  # type: ignore[no-untyped-def]
     h = h.to(tl.float32)
     weight = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
     y = h * tl.rsqrt(tl.sum(h * h, axis=0) / width + eps) * weight
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / fp8_max, min_scale)
-    q = tl.clamp(y / scale, -fp8_max, fp8_max)
-    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=keep)
-    tl.store(scale_ptr + row, scale)
+    _store_quantized_row(y, q_ptr, scale_ptr, row, cols, keep, q_stride, fp8_max, min_scale)
 
 
 @triton.jit

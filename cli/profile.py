@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ class ProfileOptions:
         "profile of --quantization and --kv-cache-dtype; a log of a run with others is refused", parse=Path,
         many=True, metavar="LOG",
     )  # fmt: skip
-    out: Path | None = option(
-        None, "profile data root", parse=Path, metavar="DIR", default_text="the shipped profiles/data"
-    )
+    out: Path = option(
+        Path("results/profiles"), "profile data root; profiles/data in a source checkout updates the shipped "
+        "profiles", parse=Path, metavar="DIR",
+    )  # fmt: skip
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -41,10 +43,18 @@ def run(args: argparse.Namespace) -> int:
     model, gpu, kv_cache_dtype = args.model, args.gpu, args.kv_cache_dtype
     options = collect(ProfileOptions, args)
     quantization = collect(LiveOptions, args).quantization
-    root = options.out or DATA
+    root = options.out
     directory = profile_directory(gpu, quantization, kv_cache_dtype)
     if options.from_log:
-        merged = merge_log(model, gpu, list(options.from_log), root, quantization, kv_cache_dtype)
+        copies = copy_shipped(model, directory, root)
+        try:
+            merged = merge_log(model, gpu, list(options.from_log), root, quantization, kv_cache_dtype)
+        except Exception:
+            for copy in copies:  # a refused log leaves nothing behind
+                copy.unlink()
+            raise
+        if copies:
+            print(f"started from the shipped profile's data in {DATA / directory}")
         print(f"merged {merged} iterations into {paths(model, directory, root)[0]}")
     else:
         from calib.profile_runner import run_profile as measure
@@ -68,4 +78,22 @@ def run(args: argparse.Namespace) -> int:
         f"({r['folds']}-fold): MAPE {r['heldout_mape']:.2f}%, P90 {r['heldout_p90']:.2f}%, "
         f"max {r['heldout_max']:.2f}%"
     )
+    print(
+        f"use it: sangam fit --profile {root / directory} --testbed sangam-{gpu} --name NAME --out DIR, "
+        f"then --testbed DIR/NAME.json"
+    )
     return 0
+
+
+def copy_shipped(model: str, directory: str, root: Path) -> list[Path]:
+    """Copy the shipped profile of `model` in `directory` (its data and metadata) into `root` when `root`
+    has none, so `--from-log` merges into a copy and never into the package; the copies made."""
+    from profiles.store import DATA, paths
+
+    ours, shipped = paths(model, directory, root)[:2], paths(model, directory, DATA)[:2]
+    if any(path.exists() for path in ours) or not all(path.exists() for path in shipped):
+        return []
+    ours[0].parent.mkdir(parents=True, exist_ok=True)
+    for source, copy in zip(shipped, ours, strict=True):
+        shutil.copyfile(source, copy)
+    return list(ours)

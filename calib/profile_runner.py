@@ -11,11 +11,6 @@ GPU meets each shape in the power state serving puts it in. Timed back to back i
 runs at the clock its own power draw allows: on an H200 (700 W cap), LLaDA-8B's 2048-token prefill
 took 55.8 ms back to back (SM clock 1.56 GHz) against 50.1 ms between decodes (1.84 GHz), while a
 one-decode step took 6.5 ms back to back against 6.7 ms between prefills.
-
-Before the first point the profiler runs the filler for `WARM_S` seconds: in the FP8 LLaDA-8B profile of
-2026-12-03, the first process of its call timed prefills of 256-1,536 tokens at 32-42 ms, in the host
-time of the first seconds, where later processes and points took 14-18 ms; one warm-up step per shape did
-not absorb it.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +42,6 @@ PREFILLS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (256, 1024, 1819, 3072, 4608)
 FILLER = (Shape((1024,), ()), *[Shape((), (1819,))] * 4)  # about half prefill, half decode time
-WARM_S = 10.0
 
 
 def grid(capacity: int) -> list[Shape]:
@@ -84,15 +77,6 @@ class Profiler:
         self.kv_pages = self.pool.num_free  # what the live worker registers
         self.buckets = tuple(getattr(self.runner, "buckets", ())) if graphs else ()
         self._ids = iter(range(1 << 62))
-
-    def warm(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> int:
-        """Run the `FILLER` steps over and over for `seconds` (once at least); how many times they ran."""
-        start, cycles = clock(), 0
-        while cycles == 0 or clock() - start < seconds:
-            for other in FILLER:
-                self._step(other)
-            cycles += 1
-        return cycles
 
     def time(self, shape: Shape, warmup: int, repeats: int) -> float:
         """Median seconds of `Engine.step()` on this shape, each step run right after the `FILLER` steps."""
@@ -155,7 +139,6 @@ def run_profile(
     pages = kv_pages(lookup_model(model), lookup_gpu(gpu), kv_dtype=kv_cache_dtype)
     profiler = Profiler(model, weights, pages, graphs, profile_device(), quantization, kv_cache_dtype)
     shapes = grid(profiler.kv_pages)
-    warm_cycles = profiler.warm(WARM_S)
     rows: list[tuple[str, float]] = []
     for shape in shapes:
         if watch is not None:
@@ -168,8 +151,9 @@ def run_profile(
         writer.writerow(["items", "seconds"])
         writer.writerows((items, f"{seconds:.6e}") for items, seconds in rows)
     meta = data.with_suffix(".meta.json")
-    record = metadata(model, gpu, weights, profiler, len(shapes), repeats, started, warm_cycles)
-    meta.write_text(json.dumps(record, indent=2))
+    meta.write_text(
+        json.dumps(metadata(model, gpu, weights, profiler, len(shapes), repeats, started), indent=2)
+    )
     return data, meta
 
 
@@ -181,14 +165,7 @@ def profile_device() -> torch.device:
 
 
 def metadata(
-    model: str,
-    gpu: str,
-    weights: str,
-    profiler: Profiler,
-    points: int,
-    repeats: int,
-    started: float,
-    warm_cycles: int,
+    model: str, gpu: str, weights: str, profiler: Profiler, points: int, repeats: int, started: float
 ) -> dict[str, Any]:
     return {
         "model": model,
@@ -204,8 +181,7 @@ def metadata(
         "code_version": _code_version(),
         "date": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
         "grid": {"points": points, "prefills": PREFILLS, "batches": BATCHES, "contexts": CONTEXTS},
-        "timing": f"median of {repeats} Engine.step() wall times after 1 warm-up, each after the filler, "
-        f"the grid after {WARM_S:g} s of the filler ({warm_cycles} passes)",
+        "timing": f"median of {repeats} Engine.step() wall times after 1 warm-up, each after the filler",
         "filler": [shape.format() for shape in FILLER],
         "kv_pages": profiler.kv_pages,  # of `kv_cache_dtype`
         "graph_buckets": list(profiler.buckets),

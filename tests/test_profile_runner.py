@@ -48,17 +48,6 @@ def test_every_timed_step_follows_the_filler(monkeypatch) -> None:
     assert any(s.prefills for s in FILLER) and any(s.decodes for s in FILLER)
 
 
-def test_the_profiler_warms_on_the_filler_for_the_time_asked(monkeypatch) -> None:
-    profiler = Profiler("tiny-llada", "random", 64, graphs=False, device=torch.device("cpu"))
-    ran: list[Shape] = []
-    monkeypatch.setattr(profiler, "_step", lambda shape: ran.append(shape) or 0.0)
-    ticks = iter(range(100))  # one second per reading of the clock
-    assert profiler.warm(2.5, clock=lambda: float(next(ticks))) == 3  # read at 0, then after 1, 2 and 3 s
-    assert ran == [*FILLER] * 3
-    ran.clear()
-    assert profiler.warm(0.0) == 1 and ran == [*FILLER]  # once at least
-
-
 def test_live_logs_merge_into_the_profile(tmp_path: Path) -> None:
     data, meta, _ = paths("llada-8b", "h200", tmp_path)
     data.parent.mkdir(parents=True)

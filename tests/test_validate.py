@@ -24,6 +24,9 @@ COLOCATED = {
     # the same two seeds run again live (one call, seed 14 first): the runs' own spread
     "validate-llada-8b-h200-colocated-fp8-4-seed13.json": "live-colocated-fp8-llada-8b-h200-4/seed13",
     "validate-llada-8b-h200-colocated-fp8-4-seed14.json": "live-colocated-fp8-llada-8b-h200-4/seed14",
+    # at 1.44 QPS, 80% of the capacity with the graph buckets' lines, in a later call
+    "validate-llada-8b-h200-colocated-fp8-5-seed13.json": "live-colocated-fp8-llada-8b-h200-5/seed13",
+    "validate-llada-8b-h200-colocated-fp8-5-seed14.json": "live-colocated-fp8-llada-8b-h200-5/seed14",
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

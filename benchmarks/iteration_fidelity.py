@@ -33,16 +33,15 @@ def kind(shape: Shape) -> str:
     return f"decode x{min(len(shape.decodes), 5)}{'+' if len(shape.decodes) >= 5 else ''}"
 
 
-def iterations(directory: Path, profile: Profile) -> None:
+def iterations(directory: Path, rows: list[dict[str, str]], profile: Profile) -> None:
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
-    with (directory / "iterations.csv").open(newline="") as f:
-        for row in csv.DictReader(f):
-            shape = Shape.parse(row["items"])
-            entry = sums[kind(shape)]
-            entry[0] += 1
-            entry[1] += live_seconds(row)
-            entry[2] += float(row["gpu_s"])
-            entry[3] += profile.price(shape)
+    for row in rows:
+        shape = Shape.parse(row["items"])
+        entry = sums[kind(shape)]
+        entry[0] += 1
+        entry[1] += live_seconds(row)
+        entry[2] += float(row["gpu_s"])
+        entry[3] += profile.price(shape)
     print(f"{directory}: iterations")
     header = ("kind", "n", "live ms", "GPU ms", "profile ms", "error", "time %")
     print("  {:<11} {:>6} {:>8} {:>7} {:>10} {:>7} {:>6}".format(*header))
@@ -53,16 +52,15 @@ def iterations(directory: Path, profile: Profile) -> None:
         print(f"  {name:<11} {n:>6.0f} {means} {error:>+6.1f}% {share:>6.1f}")
 
 
-def imbalance(directory: Path, profile: Profile) -> None:
+def imbalance(rows: list[dict[str, str]], profile: Profile) -> None:
     by_items: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (residual s, imbalance tokens)
-    with (directory / "iterations.csv").open(newline="") as f:
-        for row in csv.DictReader(f):
-            shape = Shape.parse(row["items"])
-            if shape.prefills or len(shape.decodes) < 2:
-                continue
-            price = profile.price(shape)
-            spread = len(shape.decodes) * max(shape.decodes) - sum(shape.decodes)
-            by_items[len(shape.decodes)].append((float(row["gpu_s"]) - price, spread))
+    for row in rows:
+        shape = Shape.parse(row["items"])
+        if shape.prefills or len(shape.decodes) < 2:
+            continue
+        price = profile.price(shape)
+        spread = len(shape.decodes) * max(shape.decodes) - sum(shape.decodes)
+        by_items[len(shape.decodes)].append((float(row["gpu_s"]) - price, spread))
     for items, pairs in sorted(by_items.items()):
         residuals, spreads = zip(*pairs, strict=True)
         varied = len(pairs) > 2 and len(set(spreads)) > 1 and len(set(residuals)) > 1
@@ -74,9 +72,8 @@ def imbalance(directory: Path, profile: Profile) -> None:
         )
 
 
-def control_delays(directory: Path) -> None:
-    with (directory / "iterations.csv").open(newline="") as f:
-        starts = sorted(float(row["start"]) for row in csv.DictReader(f))
+def control_delays(directory: Path, rows: list[dict[str, str]]) -> None:
+    starts = sorted(float(row["start"]) for row in rows)
     delays: dict[str, list[float]] = defaultdict(list)
     with (directory / "blocks.csv").open(newline="") as f:
         for block in csv.DictReader(f):
@@ -106,9 +103,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"iteration_fidelity: no profile of {args.model} on {args.gpu}{where}")
     for directory in args.runs:
         try:
-            iterations(directory, profile)
-            imbalance(directory, profile)
-            control_delays(directory)
+            with (directory / "iterations.csv").open(newline="") as f:
+                rows = list(csv.DictReader(f))
+            iterations(directory, rows, profile)
+            imbalance(rows, profile)
+            control_delays(directory, rows)
         except KeyError as err:
             raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None
         except (OSError, ValueError) as err:  # a missing file, a malformed row

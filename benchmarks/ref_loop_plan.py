@@ -26,7 +26,10 @@ from sangam.progress import parse_progress
 from sangam.request import Request
 from sim.options import options_on_testbed
 
-CHECK_SHAPES = (((1800,), ()), ((), (1800,)), ((), (1800,) * 5), ((), (1500,) * 40), ((1200,), (1900,) * 3))
+CHECK_SHAPES = (
+    ((1800,), ()), ((), (1800,)), ((), (1800,) * 5), ((), (300, 2600, 900)), ((), (1500,) * 40),
+    ((1200,), (1900,) * 3),
+)  # fmt: skip
 
 
 def _priced(cost: Any, prefills: tuple[int, ...], decodes: tuple[int, ...]) -> float:

@@ -25,7 +25,7 @@ from profiles.measured import TERMS, Coefficients, Features, GraphTimes, predict
 from profiles.shapes import Shape
 
 SIGNED = ("graph", "per_graph_item")  # may be negative
-LINE_POINTS = 3  # the fewest replays of a bucket, over at least two longest contexts, that fit its own line
+LINE_CONTEXTS = 3  # the fewest longest contexts a bucket's replays span for a line (and its leave-one-out)
 CANDIDATES = {  # name -> terms it may use
     "shared": tuple(t for t in TERMS if t != "per_graph_item"),
     "graph-items": TERMS,
@@ -143,8 +143,8 @@ def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float, list[float
 
 
 def fit_graphs(samples: Sequence[tuple[Shape, float]], buckets: Sequence[int]) -> GraphFit | None:
-    """Each bucket's line over its decode-only replays (those with at least `LINE_POINTS` replays over two
-    or more longest contexts); None if no bucket has them."""
+    """Each bucket's line over its decode-only replays (those whose replays span at least `LINE_CONTEXTS`
+    longest contexts, so that leaving any one out still leaves a line); None if no bucket has them."""
     by_bucket: dict[int, list[tuple[int, float]]] = {}
     for shape, seconds in samples:
         bucket = shape.graph_bucket(buckets)
@@ -153,7 +153,7 @@ def fit_graphs(samples: Sequence[tuple[Shape, float]], buckets: Sequence[int]) -
     fitted: list[tuple[int, float, float]] = []
     errs: list[float] = []
     for bucket, points in sorted(by_bucket.items()):
-        if len(points) >= LINE_POINTS and len({longest for longest, _ in points}) >= 2:
+        if len({longest for longest, _ in points}) >= LINE_CONTEXTS:
             fixed, slope, heldout = _line(points)
             fitted.append((bucket, fixed, slope))
             errs += heldout

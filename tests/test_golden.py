@@ -24,6 +24,8 @@ CASES: dict[str, dict[str, Any]] = {
     "3P5C-arxiv-dream-analytic": {"mode": "3P5C", "qps": 5.0, "trace": "arxiv", "model": "dream-7b"},
     "8C-sharegpt-profile": {"mode": "8C", "qps": 7.5, "cost": "profile"},
     "5P3C-sharegpt-profile": {"mode": "5P3C", "qps": 8.0, "cost": "profile"},
+    # the H200's measured profile: its decode-only replays priced by their graph buckets' own lines
+    "2C-sharegpt-h200-profile": {"mode": "2C", "qps": 2.4, "gpu": "h200", "cost": "profile"},
     "fastdllm-4C-analytic": {"mode": "4C", "qps": 1.5, "policy": "fastdllm"},
     # each worker back 5 s after its loss: the restart's back-off of 1 s and a start-up of 4 s
     "3C-failure-restart-analytic": {"mode": "3C", "qps": 4.0, "fail": "1@20.01,2@40.01", "restart": 4.0},

@@ -203,6 +203,8 @@ def test_fit_graphs_recovers_each_buckets_line() -> None:
     assert report.graphs.fixed == pytest.approx(LINES.fixed, rel=1e-9)
     assert report.graphs.per_longest == pytest.approx(LINES.per_longest, rel=1e-9)
     assert report.points == 24 and report.heldout_mape < 1e-6
+    two_contexts = [(Shape((), (c,)), t) for c, t in [(100, 1e-2), (200, 1.5e-2), (200, 2e-2)]]
+    assert fit_graphs(two_contexts, BUCKETS) is None  # leaving out the point at 100 would leave no line
     assert fit_graphs([(Shape((1024,), ()), 1e-2)] * 10, BUCKETS) is None  # no replays at all
 
 
@@ -239,3 +241,17 @@ def test_the_shipped_profiles_load_from_their_caches_without_numpy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.split("\n")) > 4  # several profiles were loaded
+
+
+def test_every_shipped_fit_holds_the_lines_its_data_gives() -> None:
+    """The cached lines are what `fit_graphs` makes of the shipped data now (a cache is refitted only when
+    its data, buckets or terms change, so a changed line fit would otherwise go unnoticed)."""
+    from profiles.store import DATA, read_samples
+
+    caches = sorted(DATA.glob("*/*.fit.json"))
+    assert len(caches) >= 6
+    for cache in caches:
+        report = json.loads(cache.read_text())
+        data = cache.with_name(cache.name.replace(".fit.json", ".csv"))
+        lines = fit_graphs(read_samples(data), report["graph_buckets"])
+        assert (lines.as_dict() if lines else None) == report["graph_times"], cache

@@ -10,6 +10,8 @@ the mean GPU time of the forward, and the profile's error on them (the GPU's pro
 then, for decode-only iterations of 2 or more items, by item count: the mean of the GPU time minus the
 profile's price and its correlation with the contexts' imbalance (items x the longest context - their
 sum: an unsplit attention grid waits for the longest, which the graph buckets' own lines price);
+then the forwards' GPU time against the price per 10-second window of the run (how fast this GPU ran
+against the profile's: it differs from one loan of a machine to the next);
 then the control plane's delay, from a block's end (or arrival) to its prefill starting on a worker that
 was idle meanwhile (`runs.config.CONTROL_MS` is what the simulator charges).
 """
@@ -72,6 +74,19 @@ def imbalance(rows: list[dict[str, str]], profile: Profile) -> None:
         )
 
 
+WINDOW_S = 10.0
+
+
+def drift(rows: list[dict[str, str]], profile: Profile) -> None:
+    windows: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (GPU s, price s)
+    for row in rows:
+        window = windows[int(float(row["start"]) // WINDOW_S)]
+        window[0] += float(row["gpu_s"])
+        window[1] += profile.price(Shape.parse(row["items"]))
+    ratios = " ".join(f"{100 * (gpu / price - 1):+.0f}" for _, (gpu, price) in sorted(windows.items()))
+    print(f"  GPU time against the price, % per {WINDOW_S:g} s window: {ratios}")
+
+
 def control_delays(directory: Path, rows: list[dict[str, str]]) -> None:
     starts = sorted(float(row["start"]) for row in rows)
     delays: dict[str, list[float]] = defaultdict(list)
@@ -107,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows = list(csv.DictReader(f))
             iterations(directory, rows, profile)
             imbalance(rows, profile)
+            drift(rows, profile)
             control_delays(directory, rows)
         except KeyError as err:
             raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None

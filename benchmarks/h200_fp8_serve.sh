@@ -85,7 +85,9 @@ if [[ $DRY != 1 ]]; then
     step jit 150 python3 -c 'import torch
 from executor.model.flashinfer_backend import warm_up_kernels as w
 print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
-    [[ -n $JIT_PARTS ]] || tar cz -C ~/.cache flashinfer 2>/dev/null | split -b 15m - "$OUT/fi-cache.tgz.part-"
+    # the modules the jit step built, when none were carried (without the step there is nothing to keep)
+    wanted jit && [[ -z $JIT_PARTS ]] && tar cz -C ~/.cache flashinfer 2>/dev/null \
+        | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"

@@ -35,15 +35,22 @@ def kind(shape: Shape) -> str:
     return f"decode x{min(len(shape.decodes), 5)}{'+' if len(shape.decodes) >= 5 else ''}"
 
 
-def iterations(directory: Path, rows: list[dict[str, str]], profile: Profile) -> None:
+Priced = list[tuple[dict[str, str], Shape, float]]  # a log's rows with their shapes and the profile's prices
+
+
+def priced(rows: list[dict[str, str]], profile: Profile) -> Priced:
+    shapes = [Shape.parse(row["items"]) for row in rows]
+    return [(row, shape, profile.price(shape)) for row, shape in zip(rows, shapes, strict=True)]
+
+
+def iterations(directory: Path, rows: Priced) -> None:
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
-    for row in rows:
-        shape = Shape.parse(row["items"])
+    for row, shape, price in rows:
         entry = sums[kind(shape)]
         entry[0] += 1
         entry[1] += live_seconds(row)
         entry[2] += float(row["gpu_s"])
-        entry[3] += profile.price(shape)
+        entry[3] += price
     print(f"{directory}: iterations")
     header = ("kind", "n", "live ms", "GPU ms", "profile ms", "error", "time %")
     print("  {:<11} {:>6} {:>8} {:>7} {:>10} {:>7} {:>6}".format(*header))
@@ -54,13 +61,11 @@ def iterations(directory: Path, rows: list[dict[str, str]], profile: Profile) ->
         print(f"  {name:<11} {n:>6.0f} {means} {error:>+6.1f}% {share:>6.1f}")
 
 
-def imbalance(rows: list[dict[str, str]], profile: Profile) -> None:
+def imbalance(rows: Priced) -> None:
     by_items: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (residual s, imbalance tokens)
-    for row in rows:
-        shape = Shape.parse(row["items"])
+    for row, shape, price in rows:
         if shape.prefills or len(shape.decodes) < 2:
             continue
-        price = profile.price(shape)
         spread = len(shape.decodes) * max(shape.decodes) - sum(shape.decodes)
         by_items[len(shape.decodes)].append((float(row["gpu_s"]) - price, spread))
     for items, pairs in sorted(by_items.items()):
@@ -77,12 +82,12 @@ def imbalance(rows: list[dict[str, str]], profile: Profile) -> None:
 WINDOW_S = 10.0
 
 
-def drift(rows: list[dict[str, str]], profile: Profile) -> None:
+def drift(rows: Priced) -> None:
     windows: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (GPU s, price s)
-    for row in rows:
+    for row, _, price in rows:
         window = windows[int(float(row["start"]) // WINDOW_S)]
         window[0] += float(row["gpu_s"])
-        window[1] += profile.price(Shape.parse(row["items"]))
+        window[1] += price
     ratios = " ".join(f"{100 * (gpu / price - 1):+.0f}" for _, (gpu, price) in sorted(windows.items()))
     print(f"  GPU time against the price, % per {WINDOW_S:g} s window: {ratios}")
 
@@ -119,11 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     for directory in args.runs:
         try:
             with (directory / "iterations.csv").open(newline="") as f:
-                rows = list(csv.DictReader(f))
-            iterations(directory, rows, profile)
-            imbalance(rows, profile)
-            drift(rows, profile)
-            control_delays(directory, rows)
+                rows = priced(list(csv.DictReader(f)), profile)
+            iterations(directory, rows)
+            imbalance(rows)
+            drift(rows)
+            control_delays(directory, [row for row, _, _ in rows])
         except KeyError as err:
             raise SystemExit(f"iteration_fidelity: {directory}: a log lacks the column {err}") from None
         except (OSError, ValueError) as err:  # a missing file, a malformed row

@@ -184,7 +184,7 @@ def _fitted(
         "graph_buckets": buckets,
     }
     cache.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    return Coefficients(**report["coefficients"]), graphs.graphs if graphs is not None else None, report
+    return Coefficients(**report["coefficients"]), _graph_times(report["graph_times"]), report
 
 
 def _graph_times(record: dict[str, Any] | None) -> GraphTimes | None:

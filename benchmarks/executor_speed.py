@@ -49,7 +49,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
-from executor.model import fp8, layers
+from executor.model import cuda_graphs, fp8, layers
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, ModelConfig, full_size
 from executor.model.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
@@ -236,6 +236,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         fp8.quantize_model(model, quant)
         torch.cuda.empty_cache()
     fp8.FAST_ACCUM = not args.exact_accum  # this process's (bench_alone spawns one per model)
+    cuda_graphs.FP8_PAGE_KERNEL = not args.fa2_pages
     weights = fp8.weight_bytes(model) / 2**30
     accumulation = f" (fast accumulation {fp8.FAST_ACCUM})" if quant != "bf16" else ""
     print(f"# {family.value} {quant}{accumulation}: weights {weights:.2f} GiB")
@@ -513,6 +514,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gemms", action="store_true", help="time each FP8 linear layer's GEMM alone")
     parser.add_argument(
         "--exact-accum", action="store_true", help="FP8 GEMMs without fast accumulation (the default has it)"
+    )
+    parser.add_argument(
+        "--fa2-pages", action="store_true", help="decode graphs read FP8 pages through FlashInfer's fa2"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")

@@ -19,19 +19,23 @@
 #   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
 #   speed    benchmarks.executor_speed of LLaDA-8B, bf16 and FP8 side by side, then FP8 over FP8 pages
 #            (speed.json, speed-kv8.json; kernel sums at 8 and 32 items); not in the default STEPS, nor DRY;
+#   pages    attention over FP8 pages: benchmarks.kv_attention_speed --page-sweep (FlashInfer's fa2 and
+#            Fp8PageAttention, one layer, LLaDA and Dream at 8 and 32 items), then executor_speed of both
+#            models over FP8 pages with the decode graphs on Fp8PageAttention (pages.json) and on fa2
+#            (pages-fa2.json); not in the default STEPS, nor DRY;
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
-#   tests    tests/executor/test_fp8_kv_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
+#   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
 #            TESTS_ALL=1.
-# STEPS (default: all but speed) names the steps to run, in this order: jit profile testbed search live
-# speed dream serve tests (the tests last: one that times out leaves processes behind that would disturb a
+# STEPS (default: all but speed and pages) names the steps to run, in this order: jit pages profile testbed
+# search live speed dream serve tests (the tests last: one that times out leaves processes behind that would disturb a
 # measurement). QPS sets the live runs' rate instead of 80% of the searched FP8 capacity (search may then be
 # left out), so a call can repeat earlier live runs (SEEDS="14 13" QPS=1.52 STEPS="jit live").
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
 # the summary always prints. At most 8 files come back (the device tool's limit), so ask for steps whose
 # files fit: steps.log (everything, the summary at its end), tests.xml, profile.tgz, search-fp8.csv,
-# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, chat.json, and, when no cache was carried, the
-# JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
+# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, pages.json, pages-fa2.json, chat.json, and,
+# when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
 # then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
 # by the same code, or the modules it lacks are built in the jit step each call.
 # DRY=1: the same sequence on this CPU machine: tiny-llada CPU workers, the profile through
@@ -90,6 +94,14 @@ print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
         | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 
+SPEED=(python3 -m benchmarks.executor_speed --prefill 2048 --decode 8 32 --profile 8 32)
+if [[ $DRY != 1 ]]; then
+    step pages 120 python3 -m benchmarks.kv_attention_speed --items 8 32 --page-sweep
+    PAGES=("${SPEED[@]}" --models llada dream --quantization fp8 --kv-cache-dtype fp8)
+    step pages-kernel 120 "${PAGES[@]}" --json "$OUT/pages.json"
+    step pages-fa2 120 "${PAGES[@]}" --fa2-pages --json "$OUT/pages-fa2.json"
+fi
+
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"
 DATA="$OUT/profile/h200-fp8-kvfp8"
 [[ -f $DATA/llada-8b.csv ]] && step testbed 30 python3 -m cli.main fit --profile "$DATA" \
@@ -117,10 +129,10 @@ if [[ -n $QPS ]]; then
     done
 fi
 
-SPEED=(python3 -m benchmarks.executor_speed --models llada --prefill 2048 --decode 8 32 --profile 8 32)
 if [[ $DRY != 1 ]]; then
-    step speed 200 "${SPEED[@]}" --quantization bf16 fp8 --json "$OUT/speed.json"
-    step speed-kv8 120 "${SPEED[@]}" --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/speed-kv8.json"
+    step speed 200 "${SPEED[@]}" --models llada --quantization bf16 fp8 --json "$OUT/speed.json"
+    step speed-kv8 120 "${SPEED[@]}" --models llada --quantization fp8 --kv-cache-dtype fp8 \
+        --json "$OUT/speed-kv8.json"
 fi
 
 DREAM=(--model dream-7b)  # DRY=1: dry_profile runs its tiny twin
@@ -129,7 +141,7 @@ step dream 150 "${PROFILE[@]}" "${DREAM[@]}" --gpu h200 "${FP8[@]}" --out "$OUT/
 step serve 120 python3 -m benchmarks.checkpoint_serve chat --max-tokens 64 128 --log /tmp/serve-fp8.log \
     --json "$OUT/chat.json" -- "${PLACE[@]}" --gpu h200 "${FP8[@]}" --mask-len 128
 
-GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_flashinfer_gpu.py)
+GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_fp8_attention_gpu.py tests/executor/test_flashinfer_gpu.py)
 [[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
 step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
     --junit-xml=/tmp/fp8-tests.xml

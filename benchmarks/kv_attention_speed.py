@@ -11,7 +11,10 @@ decode graphs run it (`exact`: an unsplit grid, `split`: FlashInfer's split-KV p
 query / KV dtype: bf16 / bf16 (the bf16 executor), bf16 / fp8 (`--kv-cache-dtype fp8` as served: the
 queries cast to fp16 inside `run`, `flashinfer_backend.query_dtype`) and fp16 / fp16. `--fa3` adds
 FlashInfer's Hopper (fa3) kernels, eagerly timed, for bf16 / bf16 and for FP8 queries over FP8 pages
-(scales 1), as a probe: the executor does not use them. Each row gives us per call, the KV read rate
+(scales 1), as a probe: the executor does not use them. `page` rows time `Fp8PageAttention` (the Triton
+kernel the decode graphs run over FP8 pages: bf16 queries, fp16 inside), graphed, at its defaults;
+`--page-sweep` adds its KV step, warps and pipeline stages at the default splits, then other splits
+(labelled `nN wW sS xK`). Each row gives us per call, the KV read rate
 (GB/s; bytes of the pages read) and the output's relative error against bf16 / bf16 over the same
 values (||o - o_ref|| / ||o_ref||). Only stdout is written.
 """
@@ -73,7 +76,7 @@ def decodes(
     return layout, kv32, torch.randn(items * rows, shape.heads, shape.head_dim, generator=generator)
 
 
-def bench(family: Family, items: int, context: int, generator: torch.Generator) -> None:
+def bench(family: Family, items: int, context: int, generator: torch.Generator, sweep: bool) -> None:
     shape = full_size(family).shape
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     layout, kv32, q32 = decodes(family, items, context, generator)
@@ -116,6 +119,58 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator) 
                 f"{rel:>8.4f}",
                 flush=True,
             )
+    assert reference is not None
+    page_rows(family, layout, q32.to(torch.bfloat16).cuda(), kv_by[FP8], reference, sweep)
+
+
+PAGE_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 8, 3))
+PAGE_SPLITS = (1, 2, 4, 8, 16)
+
+
+def page_rows(
+    family: Family,
+    layout: AttentionLayout,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    reference: torch.Tensor,
+    sweep: bool,
+) -> None:
+    """`Fp8PageAttention` over the FP8 pages, graphed: its defaults, then (`sweep`) other settings."""
+    from executor.model.fp8_attention import Fp8PageAttention
+
+    shape = full_size(family).shape
+    items, context = layout.num_items, layout.kv_lens[0]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default = Fp8PageAttention(
+        shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
+        max_pages=len(kv), device="cuda", multiprocessors=sms,
+    )  # fmt: skip
+    settings = [(default.block_n, default.warps, default.stages, default.splits)]
+    if sweep:
+        settings += [(*config, default.splits) for config in PAGE_CONFIGS]
+        settings += [(*settings[0][:3], splits) for splits in PAGE_SPLITS if splits != default.splits]
+    kv_bytes = items * context * 2 * shape.kv_heads * shape.head_dim
+    for block_n, warps, stages, splits in dict.fromkeys(settings):
+        attention = Fp8PageAttention(
+            shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
+            max_pages=len(kv), device="cuda", multiprocessors=sms, splits=splits,
+        )  # fmt: skip
+        attention.block_n, attention.warps, attention.stages = block_n, warps, stages
+        label = f"n{block_n} w{warps} s{stages} x{splits}"
+        try:
+            attention.plan(layout)
+            us = graphed_ms(functools.partial(attention.run, q, kv), calls=CALLS) * 1e3
+            out = attention.run(q, kv).float()
+        except Exception as error:  # a setting Triton cannot build: say so, go on
+            print(f"{family.value:<6} {items:>3} page {label} failed: {str(error)[:200]}", flush=True)
+            continue
+        rel = float((out - reference).norm() / reference.norm())
+        rate = kv_bytes / (us * 1e-6) / 1e9
+        print(
+            f"{family.value:<6} {items:>3} {context:>5} {'page':<10} {label:<16} {us:>8.1f} {rate:>7.0f} "
+            f"{rel:>8.4f}",
+            flush=True,
+        )
 
 
 def eager_us(fn: Callable[[], object]) -> float:
@@ -166,6 +221,7 @@ def main() -> None:
     parser.add_argument("--items", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--context", type=int, default=1819)
     parser.add_argument("--fa3", action="store_true", help="also probe FlashInfer's fa3 kernels")
+    parser.add_argument("--page-sweep", action="store_true", help="sweep Fp8PageAttention's settings")
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
     print(f"{'model':<6} {'B':>3} {'ctx':>5} {'q/kv':<10} {'grid':<6} {'us':>8} {'GB/s':>7} {'rel.err':>8}")
@@ -174,7 +230,7 @@ def main() -> None:
         shape = full_size(family).shape
         warm_up(shape.heads, shape.kv_heads)
         for items in args.items:
-            bench(family, items, args.context, generator)
+            bench(family, items, args.context, generator, args.page_sweep)
             if args.fa3:
                 fa3_rows(family, items, args.context, generator)
 

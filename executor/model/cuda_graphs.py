@@ -26,6 +26,10 @@ entries (no query rows, one KV token of a padding page) that bring that bound do
 no output. Attention times per layer on an H200 are in `benchmarks/results/decode_probe-h200.txt`
 (`python -m benchmarks.decode_probe`).
 
+Over FP8 pages every bucket runs attention through `Fp8PageAttention` instead (a Triton kernel that reads the
+pages at their byte rate, which FlashInfer's fa2 does not; `executor.model.fp8_attention`), one plan item
+per decode item, with no sub-items and no tile entries.
+
 Consecutive decode steps of one block forward the same items over the same KV: the bucket keeps the last
 microbatch's positions, KV slots and attention layout, so such a step only copies its tokens, and its plan
 is skipped (`FlashInferAttention.plan` sees the same layout).
@@ -53,6 +57,7 @@ from executor.model.flashinfer_backend import (
     supports,
 )
 from executor.model.forward import ModelRunner, PagedAttention
+from executor.model.fp8 import FP8, fp8_attention
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, Phase
 from executor.model.transformer import Transformer
@@ -64,6 +69,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PADDING_OWNER = -1  # the PagePool owner id of the pages padding items write to (request ids are >= 0)
 DUMMY_PAGES = pages_for(BLOCK)  # a padding item's 32 block rows fill exactly these pages
+FP8_PAGE_KERNEL = True  # False: FP8 pages through FlashInfer's fa2 too (benchmarks compare the two)
 TILE_ROWS = 64  # the query tile FlashInfer should pick for a decode block of 32 (33) rows
 _TOKENS, _POSITIONS, _SLOT_PAGES, _SLOT_OFFSETS = range(4)  # rows of a bucket's static index buffer
 
@@ -161,6 +167,10 @@ class GraphedModelRunner:
         device = runner.model.device
         self._multiprocessors = (
             torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+        )
+        kv_dtype = runner.cache.layers[0].dtype if runner.cache.layers else None
+        self._page_kernel = (
+            fp8_attention() if FP8_PAGE_KERNEL and kv_dtype == FP8 and device.type == "cuda" else None
         )
         self.capture_seconds = 0.0
         self._buckets: dict[int, _Bucket] = {}
@@ -297,7 +307,7 @@ class GraphedModelRunner:
         group, like Dream-7B).
         """
         tile = TILE_ROWS // self.group
-        if self.rows > tile or self.exact_grid(size):
+        if self.rows > tile or self.exact_grid(size) or self._page_kernel is not None:
             return 0
         return max(0, size * self.rows - size + 1 - tile)
 
@@ -310,7 +320,7 @@ class GraphedModelRunner:
         return subitem_rows(self.rows, self._subitems(size) or 1)
 
     def _subitems(self, size: int) -> int | None:
-        if self._multiprocessors == 0 or not replans_supported():
+        if self._multiprocessors == 0 or not replans_supported() or self._page_kernel is not None:
             return None
         kv_heads = self.runner.model.config.shape.kv_heads
         return unsplit_subitems(size, self.rows, self.group, kv_heads, self._multiprocessors)
@@ -353,7 +363,7 @@ class GraphedModelRunner:
         start = time.perf_counter()
         self._workspace = (
             torch.empty(self._workspace_bytes(self.buckets[-1]), dtype=torch.uint8, device=device)
-            if graphable
+            if graphable and self._page_kernel is None
             else None
         )
         pool = torch.cuda.graph_pool_handle() if capture else None
@@ -384,7 +394,19 @@ class GraphedModelRunner:
             head_rows=(torch.arange(size)[:, None] * rows + block).flatten().to(device),
         )
         backend: AttentionBackend
-        if flashinfer:
+        shape = self.model.config.shape
+        if flashinfer and self._page_kernel is not None:
+            backend = self._page_kernel.Fp8PageAttention(
+                shape.heads,
+                shape.kv_heads,
+                shape.head_dim,
+                items=size,
+                rows=rows,
+                max_pages=self.cache.pool.capacity + DUMMY_PAGES * size,
+                device=device,
+                multiprocessors=self._multiprocessors,
+            )
+        elif flashinfer:
             entries, parts = self.tile_entries(size), len(self.item_rows(size))
             backend = FlashInferAttention.for_model(
                 self.model.config,

@@ -132,6 +132,17 @@ def _triton_kernels() -> Any:
         return None
 
 
+@functools.cache
+def fp8_attention() -> Any:
+    """The Triton module of decode attention over FP8 pages (`executor.model.fp8_attention`), or None where
+    Triton is not installed or cannot build (then FlashInfer's fa2 reads FP8 pages)."""
+    try:
+        return importlib.import_module("executor.model.fp8_attention")
+    except Exception as err:
+        log.info("no Triton attention over FP8 pages (%s): FlashInfer's fa2 reads them", err)
+        return None
+
+
 def _kernels(x: Tensor) -> Any:
     """The Triton kernels module when `x` can take them (2-D, CUDA, fp16/bf16/fp32), else None."""
     if not TRITON_KERNELS or x.device.type != "cuda" or x.dim() != 2 or x.stride(-1) != 1:

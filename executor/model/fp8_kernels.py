@@ -127,7 +127,8 @@ class Launcher:
     `benchmarks/launch_cost.py --triton-launch` against without). The first launch of a signature goes
     through Triton (compiling it); later ones through `CompiledKernel[grid]`, keyed by what Triton
     specializes on: each tensor's dtype and 16-byte alignment, each integer's being 1, a multiple of 16 or
-    outside int32, None, a bool's value, plus `num_warps` and the constexprs. Call it with the kernel's
+    outside int32, None, a bool's value, plus `num_warps`, `num_stages` (Triton's default 3) and the
+    constexprs. Call it with the kernel's
     non-constexpr arguments positionally and its constexprs by keyword, in signature order; a kernel's
     handle is loaded on the device current at its first launch (one device per worker process).
     """
@@ -136,11 +137,15 @@ class Launcher:
         self.kernel = kernel
         self.compiled: dict[tuple[object, ...], Any] = {}
 
-    def __call__(self, grid: tuple[int, ...], *args: object, num_warps: int, **constexprs: object) -> None:
-        key = (*map(_specialization, args), num_warps, *constexprs.values())
+    def __call__(
+        self, grid: tuple[int, ...], *args: object, num_warps: int, num_stages: int = 3, **constexprs: object
+    ) -> None:
+        key = (*map(_specialization, args), num_warps, num_stages, *constexprs.values())
         compiled = self.compiled.get(key) if COMPILED_LAUNCH and _COMPILED_TAKES_ALL else None
         if compiled is None:
-            self.compiled[key] = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
+            self.compiled[key] = self.kernel[grid](
+                *args, **constexprs, num_warps=num_warps, num_stages=num_stages
+            )
         else:
             compiled[(*grid, 1, 1)[:3]](*args, *constexprs.values())
 

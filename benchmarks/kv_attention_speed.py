@@ -13,10 +13,9 @@ queries cast to fp16 inside `run`, `flashinfer_backend.query_dtype`) and fp16 / 
 FlashInfer's Hopper (fa3) kernels, eagerly timed, for bf16 / bf16 and for FP8 queries over FP8 pages
 (scales 1), as a probe: the executor does not use them. `page` rows time `Fp8PageAttention` (the Triton
 kernel the decode graphs run over FP8 pages: bf16 queries, fp16 inside), graphed, at its defaults;
-`--page-sweep` adds its KV step, warps and pipeline stages at the default splits, then other splits
-(labelled `nN wW sS xK`). Each row gives us per call, the KV read rate
-(GB/s; bytes of the pages read) and the output's relative error against bf16 / bf16 over the same
-values (||o - o_ref|| / ||o_ref||). Only stdout is written.
+`--page-sweep` adds a grid of its KV step, warps and splits (labelled `nN wW sS xK`). Each row gives us
+per call, the KV read rate (GB/s; bytes of the pages read) and the output's relative error against
+bf16 / bf16 over the same values (||o - o_ref|| / ||o_ref||). Only stdout is written.
 """
 
 from __future__ import annotations
@@ -123,8 +122,7 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator, 
     page_rows(family, layout, q32.to(torch.bfloat16).cuda(), kv_by[FP8], reference, sweep)
 
 
-PAGE_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 8, 3))
-PAGE_SPLITS = (1, 2, 4, 8, 16)
+PAGE_CONFIGS = tuple((n, w, 3, x) for n in (64, 128) for w in (4, 8) for x in (1, 2, 4, 8))
 
 
 def page_rows(
@@ -147,8 +145,7 @@ def page_rows(
     )  # fmt: skip
     settings = [(default.block_n, default.warps, default.stages, default.splits)]
     if sweep:
-        settings += [(*config, default.splits) for config in PAGE_CONFIGS]
-        settings += [(*settings[0][:3], splits) for splits in PAGE_SPLITS if splits != default.splits]
+        settings += PAGE_CONFIGS
     kv_bytes = items * context * 2 * shape.kv_heads * shape.head_dim
     for block_n, warps, stages, splits in dict.fromkeys(settings):
         attention = Fp8PageAttention(

@@ -28,9 +28,8 @@ from executor.model.fp8 import FP8
 from executor.model.fp8_kernels import Launcher
 from sangam.hardware import PAGE
 
-BLOCK_N = 64  # KV positions per inner step
 STAGES = 3  # software-pipelined KV loads in flight
-PROGRAMS_PER_SM = 2  # split KV until the grid holds this many programs per multiprocessor
+PROGRAMS_PER_SM = 1  # split KV until the grid holds this many programs per multiprocessor
 
 
 @triton.jit
@@ -169,8 +168,9 @@ class Fp8PageAttention:
         self.block_m = min(128, max(16, triton.next_power_of_2(packed)))
         self.m_tiles = -(-packed // self.block_m)
         self.splits = splits or kv_splits(items, kv_heads * self.m_tiles, multiprocessors)
-        self.block_n, self.stages = BLOCK_N, STAGES  # `benchmarks/kv_attention_speed.py` sweeps these
-        self.warps = 4 if self.block_m <= 64 else 8
+        # the fastest on an H200 (`benchmarks/kv_attention_speed.py --page-sweep` sweeps these): 128 KV
+        # positions a step for one query head's 32 rows (LLaDA), 64 for a GQA group's 231 (Dream)
+        self.block_n, self.warps, self.stages = (128 if self.block_m <= 32 else 64), 4, STAGES
         device = torch.device(device)
 
         def int32(length: int) -> Tensor:

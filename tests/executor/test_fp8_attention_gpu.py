@@ -91,7 +91,7 @@ def test_the_page_kernel_reads_strided_queries_and_replans_in_place() -> None:
 
     first, q, kv = decode_case(8, 8, [32, 32], [600, 90], seed=1)
     pages = first.kv_indices.tolist()
-    second = AttentionLayout.build([32, 32], [90, 700], [pages[38:], list(range(len(kv)))])
+    second = AttentionLayout.build([32, 32], [90, 600], [pages[38:], list(range(len(kv)))])
     qkv = torch.cat([q, q, q], dim=1)  # q as the qkv projection's strided view
     attention = Fp8PageAttention(
         8, 8, HEAD_DIM, items=2, rows=32, max_pages=len(kv), device="cuda", multiprocessors=132
@@ -104,12 +104,16 @@ def test_the_page_kernel_reads_strided_queries_and_replans_in_place() -> None:
 
 
 @pytest.mark.skipif(not flashinfer_available(), reason="decode graphs need flashinfer")
-def test_decode_graphs_over_fp8_pages_run_the_page_kernel() -> None:
+@pytest.mark.parametrize("family", list(Family))
+def test_decode_graphs_over_fp8_pages_run_the_page_kernel(family: Family) -> None:
+    """Graphed decodes on the page kernel against the torch reference over the same pages: as close as
+    eager FlashInfer is (both read fp16 queries; a 2-layer random model amplifies their roundoff)."""
     from executor.model.fp8_attention import Fp8PageAttention
 
-    model = random_model(small_config(Family.DREAM), device="cuda", seed=5, std=0.1)
+    model = random_model(small_config(family), device="cuda", seed=5, std=0.1)
     cache = PagedKVCache.for_model(PagePool(512), model.config, dtype=FP8, device="cuda")
     runner = ModelRunner(model, cache, make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=FP8))
+    reference = ModelRunner(model, cache, TorchAttention())
     tokens = {}
     for rid in range(3):
         generator = torch.Generator().manual_seed(rid)
@@ -121,6 +125,9 @@ def test_decode_graphs_over_fp8_pages_run_the_page_kernel() -> None:
     assert graphed.captured
     assert all(isinstance(graphed._buckets[size].backend, Fp8PageAttention) for size in (1, 4))
     items = [ForwardItem(rid, Phase.DECODE, tokens[rid], 90 + 41 * rid) for rid in range(3)]
-    assert relative_error(graphed.forward(items), runner.forward(items)) < SAME_INPUTS
-    assert relative_error(graphed.forward(items[:1]), runner.forward(items[:1])) < SAME_INPUTS
+    for batch in (items, items[:1]):
+        expected = reference.forward(batch)
+        flashinfer = relative_error(runner.forward(batch), expected)
+        page_kernel = relative_error(graphed.forward(batch), expected)
+        assert page_kernel < max(SAME_INPUTS, 2 * flashinfer), (page_kernel, flashinfer)
     graphed.close()

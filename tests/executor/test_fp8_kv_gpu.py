@@ -14,7 +14,7 @@ import torch
 from executor_helpers import relative_error, small_config
 from torch import Tensor
 
-from executor.model import forward
+from executor.model import cuda_graphs, forward
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family
 from executor.model.cuda_graphs import GraphedModelRunner
@@ -121,7 +121,10 @@ def test_the_triton_kv_store_writes_what_the_torch_copy_writes(heads: int, kv_he
         assert float(copied[slots.pages, kv, slots.offsets].float().abs().max()) == 448.0
 
 
-def test_graphed_decode_over_fp8_pages_equals_eager_decode() -> None:
+def test_graphed_fa2_decode_over_fp8_pages_equals_eager_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's graph plans over FP8 pages (where Triton's page kernel is missing; with it, see
+    test_fp8_attention_gpu.py)."""
+    monkeypatch.setattr(cuda_graphs, "FP8_PAGE_KERNEL", False)
     model = random_model(small_config(Family.LLADA), device="cuda", seed=3, std=0.1)
     cache = PagedKVCache.for_model(PagePool(512), model.config, dtype=FP8, device="cuda")
     runner = ModelRunner(model, cache, make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=FP8))
@@ -135,6 +138,7 @@ def test_graphed_decode_over_fp8_pages_equals_eager_decode() -> None:
         runner.forward([ForwardItem(rid, Phase.PREFILL, tokens[rid], 100 + 37 * rid)])
     graphed = GraphedModelRunner(runner, buckets=(1, 2, 4))
     assert graphed.captured
+    assert all(isinstance(graphed._buckets[size].backend, FlashInferAttention) for size in (1, 2, 4))
     items = [ForwardItem(rid, Phase.DECODE, tokens[rid], 100 + 37 * rid) for rid in range(3)]
     replayed = graphed.forward(items)
     assert replayed.shape == (3, BLOCK, model.config.shape.vocab)

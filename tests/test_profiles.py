@@ -254,4 +254,16 @@ def test_every_shipped_fit_holds_the_lines_its_data_gives() -> None:
         report = json.loads(cache.read_text())
         data = cache.with_name(cache.name.replace(".fit.json", ".csv"))
         lines = fit_graphs(read_samples(data), report["graph_buckets"])
-        assert (lines.as_dict() if lines else None) == report["graph_times"], cache
+        # to 9 digits: a cache fitted on the GPU machine differs from this machine's fit in its last bits
+        assert significant(lines.as_dict() if lines else None) == significant(report["graph_times"]), cache
+
+
+def significant(value: object) -> object:
+    """`value` with every float rounded to 9 significant digits, through dicts and lists."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {key: significant(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [significant(item) for item in value]
+    return value

@@ -16,17 +16,12 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    # on sangam-h200-fp8 (the earlier FP8 reports were simulated on the FP8 profiles of their day,
-    # profiles/data/h200-fp8-kvfp8/llada-8b.csv at fe3c27d for validate-llada-8b-h200-colocated-fp8.json
-    # and at 3f956a3 for validate-llada-8b-h200-colocated-fp8-seed1[34].json)
-    "validate-llada-8b-h200-colocated-fp8-3-seed13.json": "live-colocated-fp8-llada-8b-h200-3/seed13",
-    "validate-llada-8b-h200-colocated-fp8-3-seed14.json": "live-colocated-fp8-llada-8b-h200-3/seed14",
-    # the same two seeds run again live (one call, seed 14 first): the runs' own spread
-    "validate-llada-8b-h200-colocated-fp8-4-seed13.json": "live-colocated-fp8-llada-8b-h200-4/seed13",
-    "validate-llada-8b-h200-colocated-fp8-4-seed14.json": "live-colocated-fp8-llada-8b-h200-4/seed14",
-    # at 1.44 QPS, 80% of the capacity with the graph buckets' lines, in a later call
-    "validate-llada-8b-h200-colocated-fp8-5-seed13.json": "live-colocated-fp8-llada-8b-h200-5/seed13",
-    "validate-llada-8b-h200-colocated-fp8-5-seed14.json": "live-colocated-fp8-llada-8b-h200-5/seed14",
+    # on sangam-h200-fp8, profiled with the decode graphs on Fp8PageAttention. The earlier FP8 reports were
+    # simulated on the FP8 profiles of their day (fa2 over FP8 pages), profiles/data/h200-fp8-kvfp8 at
+    # fe3c27d for validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for ...-fp8-seed1[34].json and at
+    # fa1e503 for ...-fp8-[345]-seed1[34].json
+    "validate-llada-8b-h200-colocated-fp8-6-seed13.json": "live-colocated-fp8-llada-8b-h200-6/seed13",
+    "validate-llada-8b-h200-colocated-fp8-6-seed14.json": "live-colocated-fp8-llada-8b-h200-6/seed14",
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

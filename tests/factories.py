@@ -62,3 +62,14 @@ def backlog_runner(capacity: float) -> Runner:
             yield i, {"mean_e2el_ms": 1.0, "completed": 500, **test.summary()}
 
     return run
+
+
+def rounded(value: Any, digits: int) -> Any:
+    """`value` with every float rounded to `digits` significant digits, through dicts and lists."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {key: rounded(item, digits) for key, item in value.items()}
+    if isinstance(value, list):
+        return [rounded(item, digits) for item in value]
+    return value

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from factories import rounded
 
 from calib.fit import dispersion, spread
 from calib.points import PointKey, PointRunner, metric
@@ -225,18 +226,8 @@ def test_every_fitted_shipped_testbed_is_its_recorded_fit() -> None:
             {k: v for k, v in testbed_dict(t).items() if k not in ("name", "version", "description")}
             for t in (refit, shipped)
         )
-        assert rounded(got) == rounded(want), shipped.name
-
-
-def rounded(value: Any) -> Any:
-    """`value` with every float to 5 significant digits (the last digits of a simulated mean may differ)."""
-    if isinstance(value, float):
-        return float(f"{value:.5g}")
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return value
+        # 5 digits: the last digits of a simulated mean may differ
+        assert rounded(got, 5) == rounded(want, 5), shipped.name
 
 
 def test_spread_and_dispersion_are_inverses() -> None:

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from factories import rounded
 
 from profiles.fit import Sample, fit, fit_graphs
 from profiles.measured import Coefficients, Features, GraphTimes, predict, shape_seconds
@@ -255,15 +256,4 @@ def test_every_shipped_fit_holds_the_lines_its_data_gives() -> None:
         data = cache.with_name(cache.name.replace(".fit.json", ".csv"))
         lines = fit_graphs(read_samples(data), report["graph_buckets"])
         # to 9 digits: a cache fitted on the GPU machine differs from this machine's fit in its last bits
-        assert significant(lines.as_dict() if lines else None) == significant(report["graph_times"]), cache
-
-
-def significant(value: object) -> object:
-    """`value` with every float rounded to 9 significant digits, through dicts and lists."""
-    if isinstance(value, float):
-        return float(f"{value:.9g}")
-    if isinstance(value, dict):
-        return {key: significant(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [significant(item) for item in value]
-    return value
+        assert rounded(lines.as_dict() if lines else None, 9) == rounded(report["graph_times"], 9), cache

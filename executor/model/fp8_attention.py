@@ -168,6 +168,8 @@ class Fp8PageAttention:
         self.block_m = min(128, max(16, triton.next_power_of_2(packed)))
         self.m_tiles = -(-packed // self.block_m)
         self.splits = splits or kv_splits(items, kv_heads * self.m_tiles, multiprocessors)
+        if self.splits & (self.splits - 1) or not 1 <= self.splits <= 16:
+            raise ValueError(f"splits must be a power of 2 from 1 to 16, not {self.splits}")
         # the fastest on an H200 (`benchmarks/kv_attention_speed.py --page-sweep` sweeps these): 128 KV
         # positions a step for one query head's 32 rows (LLaDA), 64 for a GQA group's 231 (Dream)
         self.block_n, self.warps, self.stages = (128 if self.block_m <= 32 else 64), 4, STAGES
@@ -182,6 +184,7 @@ class Fp8PageAttention:
         self.partial = torch.empty((self.splits * total, head_dim), dtype=torch.float32, device=device)
         self.lse = torch.empty(self.splits * total, dtype=torch.float32, device=device)
         self._planned: AttentionLayout | None = None
+        self._rows = 0  # query rows the planned layout reads
 
     def plan(self, layout: AttentionLayout) -> None:
         if self._planned is not None and same_layout(self._planned, layout):
@@ -191,20 +194,24 @@ class Fp8PageAttention:
                 f"a layout of {layout.num_items} items and {len(layout.kv_indices)} pages does not fit "
                 f"{self.items} items and {len(self.kv_indices)} pages"
             )
-        if int((layout.qo_indptr[1:] - layout.qo_indptr[:-1]).max()) > self.rows:
+        query_lens, kv_lens = layout.qo_indptr[1:] - layout.qo_indptr[:-1], layout.kv_len_tensor()
+        if int(query_lens.max()) > self.rows:
             raise ValueError(f"an item has more than {self.rows} query rows")
+        if bool(((query_lens > 0) & (kv_lens < 1)).any()):  # its splits would merge to 0 / 0
+            raise ValueError("an item with query rows attends to no KV")
         self.qo_indptr.copy_(layout.qo_indptr, non_blocking=True)
         self.kv_indptr.copy_(layout.kv_indptr, non_blocking=True)
         self.kv_indices[: len(layout.kv_indices)].copy_(layout.kv_indices, non_blocking=True)
-        self.kv_lens.copy_(layout.kv_len_tensor(), non_blocking=True)
+        self.kv_lens.copy_(kv_lens, non_blocking=True)
         self._planned = layout
+        self._rows = int(layout.qo_indptr[-1])
 
     def run(self, q: Tensor, kv_layer: Tensor) -> Tensor:
         if kv_layer.dtype != FP8 or not kv_layer.is_contiguous() or q.stride(2) != 1:
             raise ValueError("Fp8PageAttention reads contiguous FP8 pages and head-contiguous queries")
         rows = q.shape[0]
-        if rows > self.items * self.rows:
-            raise ValueError(f"{rows} query rows exceed {self.items} items of {self.rows}")
+        if not self._rows <= rows <= self.items * self.rows:
+            raise ValueError(f"{rows} query rows, not {self._rows} to {self.items} items of {self.rows}")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _ATTEND(
             (self.items, self.kv_heads * self.m_tiles, self.splits),

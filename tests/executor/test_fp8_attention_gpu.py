@@ -86,6 +86,23 @@ def test_the_page_kernel_matches_torch_over_the_same_fp8_pages(
             assert relative_error(actual[rows_of], expected[rows_of]) < SAME_INPUTS
 
 
+def test_a_layout_the_kernel_cannot_serve_is_refused() -> None:
+    from executor.model.fp8_attention import Fp8PageAttention
+
+    layout, q, kv = decode_case(8, 8, [32, 32], [600, 90], seed=2)
+    with pytest.raises(ValueError, match="power of 2"):
+        Fp8PageAttention(8, 8, HEAD_DIM, items=2, rows=32, max_pages=len(kv), device="cuda",
+                         multiprocessors=132, splits=3)  # fmt: skip
+    attention = Fp8PageAttention(
+        8, 8, HEAD_DIM, items=2, rows=32, max_pages=len(kv), device="cuda", multiprocessors=132, splits=2
+    )
+    with pytest.raises(ValueError, match="no KV"):
+        attention.plan(AttentionLayout.build([32, 32], [600, 0], [layout.kv_indices.tolist(), []]))
+    attention.plan(layout)
+    with pytest.raises(ValueError, match="query rows"):
+        attention.run(q[:40], kv)  # the layout reads 64 rows
+
+
 def test_the_page_kernel_reads_strided_queries_and_replans_in_place() -> None:
     from executor.model.fp8_attention import Fp8PageAttention
 
@@ -125,7 +142,7 @@ def test_decode_graphs_over_fp8_pages_run_the_page_kernel(family: Family) -> Non
     assert graphed.captured
     assert all(isinstance(graphed._buckets[size].backend, Fp8PageAttention) for size in (1, 4))
     items = [ForwardItem(rid, Phase.DECODE, tokens[rid], 90 + 41 * rid) for rid in range(3)]
-    for batch in (items, items[:1]):
+    for batch in (items, items[:1], items[1:]):  # bucket 4 replanned with another composition
         expected = reference.forward(batch)
         flashinfer = relative_error(runner.forward(batch), expected)
         page_kernel = relative_error(graphed.forward(batch), expected)

@@ -57,7 +57,7 @@ from executor.model.flashinfer_backend import (
     supports,
 )
 from executor.model.forward import ModelRunner, PagedAttention
-from executor.model.fp8 import FP8, fp8_attention
+from executor.model.fp8 import FP8, triton_module
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, Phase
 from executor.model.transformer import Transformer
@@ -168,10 +168,9 @@ class GraphedModelRunner:
         self._multiprocessors = (
             torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
         )
-        kv_dtype = runner.cache.layers[0].dtype if runner.cache.layers else None
-        self._page_kernel = (
-            fp8_attention() if FP8_PAGE_KERNEL and kv_dtype == FP8 and device.type == "cuda" else None
-        )
+        fp8_pages = bool(runner.cache.layers) and runner.cache.layers[0].dtype == FP8
+        page_kernel = FP8_PAGE_KERNEL and fp8_pages and device.type == "cuda"
+        self._page_kernel = triton_module("fp8_attention") if page_kernel else None
         self.capture_seconds = 0.0
         self._buckets: dict[int, _Bucket] = {}
         self._workspace: Tensor | None = None

@@ -109,7 +109,7 @@ def fp8_page_kernels(kv_layer: Tensor, k: Tensor, v: Tensor) -> Any:
     if kv_layer.dtype != FP8 or not TRITON_KERNELS or k.device.type != "cuda":
         return None
     rows_ok = all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
-    return _triton_kernels() if rows_ok and kv_layer.is_contiguous() else None
+    return triton_module("fp8_kernels") if rows_ok and kv_layer.is_contiguous() else None
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,22 +124,14 @@ def dequantize(values: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32
 
 
 @functools.cache
-def _triton_kernels() -> Any:
+def triton_module(name: str) -> Any:
+    """`executor.model.<name>`, a module of Triton kernels (`fp8_kernels`, `fp8_attention`), or None where
+    Triton is not installed (CPU installs) or cannot build here: the caller's torch or FlashInfer path
+    serves instead."""
     try:
-        return importlib.import_module("executor.model.fp8_kernels")
-    except Exception as err:  # no Triton (CPU installs), or it cannot build here: torch ops serve
-        log.info("no Triton FP8 kernels (%s): activations are quantized with torch ops", err)
-        return None
-
-
-@functools.cache
-def fp8_attention() -> Any:
-    """The Triton module of decode attention over FP8 pages (`executor.model.fp8_attention`), or None where
-    Triton is not installed or cannot build (then FlashInfer's fa2 reads FP8 pages)."""
-    try:
-        return importlib.import_module("executor.model.fp8_attention")
+        return importlib.import_module(f"executor.model.{name}")
     except Exception as err:
-        log.info("no Triton attention over FP8 pages (%s): FlashInfer's fa2 reads them", err)
+        log.info("no Triton module %s (%s): torch ops or FlashInfer serve instead", name, err)
         return None
 
 
@@ -147,7 +139,7 @@ def _kernels(x: Tensor) -> Any:
     """The Triton kernels module when `x` can take them (2-D, CUDA, fp16/bf16/fp32), else None."""
     if not TRITON_KERNELS or x.device.type != "cuda" or x.dim() != 2 or x.stride(-1) != 1:
         return None
-    return _triton_kernels()
+    return triton_module("fp8_kernels")
 
 
 def scaled_gemm_ok(device: torch.device, dtype: torch.dtype) -> bool:

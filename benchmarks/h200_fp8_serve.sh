@@ -23,18 +23,23 @@
 #            Fp8PageAttention, one layer, LLaDA and Dream at 8 and 32 items), then executor_speed of both
 #            models over FP8 pages with the decode graphs on Fp8PageAttention (pages.json) and on fa2
 #            (pages-fa2.json); not in the default STEPS, nor DRY;
+#   prefill  prefill attention over the forward's own K/V rows: executor_speed of LLaDA-8B's prefills, bf16
+#            and FP8 over FP8 pages, with prefills over their own K/V (prefill-{bf16,fp8}.json) and over their
+#            pages (prefill-*-paged.json), then benchmarks.prefill_attention_speed (one layer, by kernel);
+#            not in the default STEPS, nor DRY;
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
 #   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
 #            TESTS_ALL=1.
-# STEPS (default: all but speed and pages) names the steps to run, in this order: jit pages profile testbed
+# STEPS (default: all but speed, pages and prefill) names the steps to run, in this order: jit pages prefill profile testbed
 # search live speed dream serve tests (the tests last: one that times out leaves processes behind that would disturb a
 # measurement). QPS sets the live runs' rate instead of 80% of the searched FP8 capacity (search may then be
 # left out), so a call can repeat earlier live runs (SEEDS="14 13" QPS=1.52 STEPS="jit live").
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
 # the summary always prints. At most 8 files come back (the device tool's limit), so ask for steps whose
 # files fit: steps.log (everything, the summary at its end), tests.xml, profile.tgz, search-fp8.csv,
-# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, pages.json, pages-fa2.json, chat.json, and,
+# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, pages.json, pages-fa2.json, prefill-*.json,
+# chat.json, and,
 # when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
 # then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
 # by the same code, or the modules it lacks are built in the jit step each call.
@@ -100,6 +105,16 @@ if [[ $DRY != 1 ]]; then
     PAGES=("${SPEED[@]}" --models llada dream --quantization fp8 --kv-cache-dtype fp8)
     step pages-kernel 120 "${PAGES[@]}" --json "$OUT/pages.json"
     step pages-fa2 120 "${PAGES[@]}" --fa2-pages --json "$OUT/pages-fa2.json"
+fi
+
+if [[ $DRY != 1 ]]; then
+    OWN=(python3 -m benchmarks.executor_speed --models llada --prefill 1024 2048 4096 --decode 8 --no-graphs)
+    for PAIR in "bf16:--quantization bf16" "fp8:--quantization fp8 --kv-cache-dtype fp8"; do
+        NAME=${PAIR%%:*}; FLAGS=(${PAIR#*:})
+        step prefill-own 120 "${OWN[@]}" "${FLAGS[@]}" --json "$OUT/prefill-$NAME.json"
+        step prefill-paged 120 "${OWN[@]}" "${FLAGS[@]}" --paged-prefill --json "$OUT/prefill-$NAME-paged.json"
+    done
+    step prefill-kernels 240 python3 -m benchmarks.prefill_attention_speed  # fa3 last: its build takes minutes
 fi
 
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"

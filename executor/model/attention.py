@@ -52,6 +52,14 @@ class AttentionLayout:
             ),
         )
 
+    def head(self, items: int) -> AttentionLayout:
+        """The layout of the first `items` items alone (their packed rows come first)."""
+        pages = int(self.kv_indptr[items])
+        return AttentionLayout(
+            self.qo_indptr[: items + 1], self.kv_indptr[: items + 1], self.kv_indices[:pages],
+            self.kv_last_page_len[:items],
+        )  # fmt: skip
+
     @property
     def num_items(self) -> int:
         return len(self.kv_last_page_len)

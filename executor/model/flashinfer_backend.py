@@ -262,6 +262,37 @@ class FlashInferAttention:
         return result
 
 
+class FlashInferPrefillAttention:
+    """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper` on its fa2 backend, non-causal (as the paged
+    backend is pinned: docs/design.md section 5)."""
+
+    def __init__(
+        self, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        if dtype not in HALF_DTYPES:
+            raise ValueError(f"FlashInfer prefill attention needs fp16/bf16, not {dtype}")
+        self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype
+        self._wrapper = _require().BatchPrefillWithRaggedKVCacheWrapper(
+            shared_workspace(device), "NHD", backend=FA2
+        )
+
+    def plan(self, indptr: Tensor) -> None:
+        self._wrapper.plan(
+            indptr,
+            indptr,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            causal=False,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            o_data_type=self.dtype,
+        )
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> None:
+        self._wrapper.run(q, k, v, out=out)
+
+
 def make_backend(
     device: torch.device | str,
     config: ModelConfig,
@@ -287,7 +318,8 @@ def warm_up_kernels(
 ) -> dict[str, float]:
     """JIT-compile (or load from the cache) every FlashInfer module the executor uses, in parallel threads.
 
-    The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s), RMSNorm,
+    The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s) and over
+    `dtype` K/V rows (prefills attend over their own: `executor.model.prefill_attention`), RMSNorm,
     SiLU-and-mul, RoPE with a cos/sin cache and the paged K/V store.
     Returns seconds per module. Each build is a ninja subprocess, so threads overlap them.
     """
@@ -302,6 +334,15 @@ def warm_up_kernels(
         kv = torch.randn(2, 2, PAGE, 1, head_dim, dtype=dtype, device=device).to(kv_dtype or dtype)
         backend.plan(AttentionLayout.build([3], [20], [[0, 1]]))
         backend.run(torch.randn(3, 2, head_dim, dtype=dtype, device=device), kv)
+
+    def prefill(head_dim: int) -> None:
+        backend = FlashInferPrefillAttention(2, 1, head_dim, dtype=dtype, device=device)
+        backend.plan(torch.tensor([0, 3], dtype=torch.int32))
+        q, kv = (
+            torch.randn(3, 2, head_dim, dtype=dtype, device=device),
+            torch.randn(3, 1, head_dim, dtype=dtype, device=device),
+        )
+        backend.run(q, kv, kv, torch.empty_like(q))
 
     def norm() -> None:
         x = torch.randn(4, 256, dtype=dtype, device=device)
@@ -325,6 +366,7 @@ def warm_up_kernels(
         flashinfer.append_paged_kv_cache(k, k, rows, rows, kv, rows[:1], bounds, bounds[1:])
 
     jobs: dict[str, Any] = {f"attention_hd{d}": functools.partial(attention, d) for d in head_dims}
+    jobs |= {f"prefill_hd{d}": functools.partial(prefill, d) for d in head_dims}
     jobs |= {"rmsnorm": norm, "silu_and_mul": activation, "rope": rope, "append_paged_kv": page}
     seconds: dict[str, float] = {}
     failed: list[str] = []

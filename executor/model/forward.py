@@ -13,26 +13,47 @@ from executor.model.attention import AttentionBackend
 from executor.model.fp8 import FP8, FP8_MAX, fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
-from executor.model.microbatch import ForwardItem, MicrobatchPlan, plan_microbatch
+from executor.model.microbatch import ForwardItem, MicrobatchPlan, PrefillTail, plan_microbatch
+from executor.model.prefill_attention import PrefillAttention, TorchPrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE
+
+OWN_KV_PREFILL = True  # False: prefills attend over their pages too (benchmarks compare the two)
 
 
 class PagedAttention:
     """The model's `LayerAttention` for one planned microbatch: store this forward's K/V, then attend.
 
     Writing before attending lets a decode's block queries see the block's fresh K/V (Fast-dLLM dual cache)
-    while every other position keeps what its last prefill wrote.
+    while every other position keeps what its last prefill wrote. With a `tail` (the microbatch's trailing
+    prefills) those rows attend over this forward's own K/V through `prefill`, the rows before them over the
+    pages through `backend`.
     """
 
-    def __init__(self, cache: PagedKVCache, backend: AttentionBackend, plan: MicrobatchPlan) -> None:
-        self.cache, self.backend = cache, backend
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        backend: AttentionBackend,
+        plan: MicrobatchPlan,
+        prefill: PrefillAttention | None = None,
+        tail: PrefillTail | None = None,
+    ) -> None:
+        if tail is not None and prefill is None:
+            raise ValueError("a prefill tail needs a PrefillAttention")
+        self.cache, self.backend, self.prefill, self.tail = cache, backend, prefill, tail
         self._store = SlotStore(plan.slots)
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         kv = self.cache.layers[layer]
         self._store(kv, k, v)
-        return self.backend.run(q, kv)
+        if self.tail is None or self.prefill is None:
+            return self.backend.run(q, kv)
+        start = self.tail.start
+        out = torch.empty_like(q)
+        if start:
+            out[:start] = self.backend.run(q[:start], kv)
+        self.prefill.run(q[start:], k[start:], v[start:], out[start:])
+        return out
 
 
 class SlotStore:
@@ -102,10 +123,21 @@ def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
 
 
 class ModelRunner:
-    """Runs mixed prefill/decode microbatches of one model against one worker's paged KV cache."""
+    """Runs mixed prefill/decode microbatches of one model against one worker's paged KV cache.
 
-    def __init__(self, model: Transformer, cache: PagedKVCache, backend: AttentionBackend) -> None:
+    `backend` attends over the pages; `prefill` (SDPA when not given) attends the trailing prefills over
+    their own K/V (`executor.model.prefill_attention`).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: PagedKVCache,
+        backend: AttentionBackend,
+        prefill: PrefillAttention | None = None,
+    ) -> None:
         self.model, self.cache, self.backend = model, cache, backend
+        self.prefill = prefill or TorchPrefillAttention()
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem]) -> Tensor:
@@ -117,8 +149,13 @@ class ModelRunner:
         tables = [self.cache.page_table(item.request_id) for item in items]
         shift, scratch = self.model.config.logit_shift, self.cache.scratch_page
         plan = plan_microbatch(items, tables, shift, scratch, self.model.device)
-        self.backend.plan(plan.layout)
-        logits = self.model(
-            plan.tokens, plan.positions, PagedAttention(self.cache, self.backend, plan), plan.head_rows
-        )
+        tail = plan.prefill_tail if OWN_KV_PREFILL else None
+        if tail is None:
+            self.backend.plan(plan.layout)
+        else:
+            if tail.items < len(items):
+                self.backend.plan(plan.layout.head(len(items) - tail.items))
+            self.prefill.plan(tail.indptr)
+        attend = PagedAttention(self.cache, self.backend, plan, self.prefill, tail)
+        logits = self.model(plan.tokens, plan.positions, attend, plan.head_rows)
         return logits.view(len(items), BLOCK, -1)

@@ -11,6 +11,10 @@ to its left. A Dream decode therefore widens its query by that one token (33 row
 to the cache like the others, but its K/V are not written back (they go to the cache's scratch page):
 outside the block, the dual cache keeps the values of the last prefill, exactly as Fast-dLLM's
 `replace_position` does. This is exact, unlike reusing the first block position's own logit.
+
+A prefill's queries attend to exactly the K/V rows of its own span, so the prefills that end the
+microbatch (the engine packs decodes first) form a `PrefillTail` that can attend over those rows
+directly (`executor.model.prefill_attention`) while the items before it attend over their pages.
 """
 
 from __future__ import annotations
@@ -51,6 +55,16 @@ class ForwardItem:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillTail:
+    """The microbatch's trailing prefills: `items` of them, from packed row `start` on, sequence i owning
+    rows `start + indptr[i]:start + indptr[i + 1]` (host int32 CSR offsets)."""
+
+    items: int
+    start: int
+    indptr: Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class MicrobatchPlan:
     """Everything one forward needs; tensors on the model's device, the attention layout on the host."""
 
@@ -59,6 +73,7 @@ class MicrobatchPlan:
     layout: AttentionLayout
     slots: KVSlots  # (T,) where each row's K/V are stored: the scratch page for rows not kept
     head_rows: Tensor  # (items * BLOCK,) packed rows the LM head reads
+    prefill_tail: PrefillTail | None = None  # None: the last item is a decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,4 +126,17 @@ def plan_microbatch(
         layout=layout,
         slots=KVSlots(torch.cat(pages).to(device), torch.cat(offsets).to(device)),
         head_rows=torch.cat(head_rows).to(device),
+        prefill_tail=prefill_tail(items, layout.qo_indptr),
     )
+
+
+def prefill_tail(items: Sequence[ForwardItem], qo_indptr: Tensor) -> PrefillTail | None:
+    """The trailing run of prefills among `items` (packed with these row offsets), or None."""
+    count = 0
+    while count < len(items) and items[len(items) - 1 - count].phase is Phase.PREFILL:
+        count += 1
+    if count == 0:
+        return None
+    first = len(items) - count
+    start = int(qo_indptr[first])
+    return PrefillTail(count, start, qo_indptr[first:] - start)

@@ -342,13 +342,16 @@ def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) 
     if model.device.type != "cuda":
         return ModelRunner(model, cache, TorchAttention())
     from executor.model.flashinfer_backend import make_backend, supports, warm_up_kernels
+    from executor.model.prefill_attention import make_prefill_attention
 
     kv_dtype = cache.layers[0].dtype
     if supports(model.device, model.dtype, kv_dtype):
         head_dims = (model.config.shape.head_dim,)
         warm_up_kernels(model.device, dtype=model.dtype, kv_dtype=kv_dtype, head_dims=head_dims)
     backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
-    runner = ModelRunner(model, cache, backend)
+    runner = ModelRunner(
+        model, cache, backend, make_prefill_attention(model.device, model.config, model.dtype)
+    )
     if not cuda_graphs or not supports(model.device, model.dtype, kv_dtype):
         return runner
     from executor.model.cuda_graphs import GraphedModelRunner

@@ -10,14 +10,20 @@ from executor_helpers import bits, committed, relative_error, reshaped, small_co
 from torch import Tensor
 
 from executor.model import layers
-from executor.model.attention import AttentionLayout, TorchAttention
+from executor.model.attention import AttentionLayout, TorchAttention, indptr
 from executor.model.config import Family, ModelConfig
 from executor.model.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
-from executor.model.flashinfer_backend import FlashInferAttention, flashinfer_available, make_backend
+from executor.model.flashinfer_backend import (
+    FlashInferAttention,
+    FlashInferPrefillAttention,
+    flashinfer_available,
+    make_backend,
+)
 from executor.model.forward import ModelRunner, SlotStore
 from executor.model.kv_cache import KVSlots, PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
+from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 from sangam.kv import PagePool
@@ -40,8 +46,10 @@ def sequence(config: ModelConfig, prompt: int, masks: int, seed: int) -> Tensor:
 
 def runner_for(model: Transformer, backend: str, pages: int = 512) -> ModelRunner:
     cache = PagedKVCache.for_model(PagePool(pages), model.config, dtype=DTYPE, device="cuda")
-    attention = TorchAttention() if backend == "torch" else make_backend("cuda", model.config, dtype=DTYPE)
-    return ModelRunner(model, cache, attention)
+    if backend == "torch":
+        return ModelRunner(model, cache, TorchAttention())
+    attention = make_backend("cuda", model.config, dtype=DTYPE)
+    return ModelRunner(model, cache, attention, make_prefill_attention("cuda", model.config, DTYPE))
 
 
 # -- the attention backends on one paged KV ----------------------------------------------------------------
@@ -74,6 +82,28 @@ def test_flashinfer_equals_torch_on_mixed_prefill_and_decode_layout(heads: int, 
     actual = flashinfer.run(q, kv)
     assert relative_error(actual, expected) < TOLERANCE
     assert float((actual.float() - expected.float()).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (8, 2), (28, 4)], ids=["mha", "gqa4", "dream"])
+def test_flashinfer_prefill_attention_over_own_rows_equals_sdpa(heads: int, kv_heads: int) -> None:
+    generator = torch.Generator(device="cuda").manual_seed(heads * kv_heads)
+    flashinfer = FlashInferPrefillAttention(
+        heads, kv_heads, HEAD_DIM, dtype=DTYPE, device=torch.device("cuda")
+    )
+    reference = TorchPrefillAttention()
+    for lengths in ([300, 77, 1000], [1, 2048], [33]):  # ragged, a single row, then a replan
+        width = (heads + 2 * kv_heads) * HEAD_DIM
+        qkv = torch.randn(sum(lengths), width, dtype=DTYPE, device="cuda", generator=generator)
+        q, k, v = qkv.split([heads * HEAD_DIM, kv_heads * HEAD_DIM, kv_heads * HEAD_DIM], dim=-1)
+        q, k, v = q.view(-1, heads, HEAD_DIM), k.view(-1, kv_heads, HEAD_DIM), v.view(-1, kv_heads, HEAD_DIM)
+        offsets = indptr(lengths)
+        expected, actual = torch.empty_like(q), torch.full_like(q, float("nan"))
+        reference.plan(offsets)
+        reference.run(q, k, v, expected)
+        flashinfer.plan(offsets)
+        flashinfer.run(q, k, v, actual)
+        assert relative_error(actual, expected) < TOLERANCE  # also: every row written (no NaN left)
+        assert float((actual.float() - expected.float()).abs().max()) < 0.05
 
 
 def test_make_backend_picks_flashinfer_only_for_half_precision_on_cuda() -> None:
@@ -150,10 +180,16 @@ def test_model_with_flashinfer_is_as_accurate_as_with_torch_attention(family: Fa
 
     def run(net: Transformer, backend: str) -> Tensor:
         cache = PagedKVCache.for_model(PagePool(512), net.config, dtype=net.dtype, device="cuda")
-        attention = (
-            TorchAttention() if backend == "torch" else make_backend("cuda", net.config, dtype=net.dtype)
+        runner = (
+            ModelRunner(net, cache, TorchAttention())
+            if backend == "torch"
+            else ModelRunner(
+                net,
+                cache,
+                make_backend("cuda", net.config, dtype=net.dtype),
+                make_prefill_attention("cuda", net.config, net.dtype),
+            )
         )
-        runner = ModelRunner(net, cache, attention)
         for rid, seq in tokens.items():
             cache.pool.allocate(rid, pages_for(len(seq)))
         for rid in (1, 2):  # decodes follow their block's prefill

@@ -24,6 +24,7 @@ from executor.model.fp8 import fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
+from executor.model.prefill_attention import make_prefill_attention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 from sangam.kv import PagePool
@@ -77,7 +78,8 @@ def model_logits(model: Transformer, kv_dtype: torch.dtype, backend: str) -> Ten
         else make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=kv_dtype)
     )
     assert backend == "torch" or isinstance(attention, FlashInferAttention)
-    runner = ModelRunner(model, cache, attention)
+    prefill = None if backend == "torch" else make_prefill_attention("cuda", model.config, model.dtype)
+    runner = ModelRunner(model, cache, attention, prefill)
     out = []
     for rid, (prompt, masks) in enumerate([(300, 64), (795, 1024), (40, 32)]):
         ids = torch.randint(0, model.config.mask_id, (prompt,), generator=torch.Generator().manual_seed(rid))

@@ -1,0 +1,190 @@
+"""Prefill attention alone: one layer's non-causal attention of whole sequences, by kernel (one GPU).
+
+Run on the accelerator machine, from the repository root (FlashInfer installed):
+
+    python -m benchmarks.prefill_attention_speed [--models llada dream] [--shapes 2048 512,1536 4096]
+
+A prefill recomputes every position of its sequence, so its queries attend to exactly the K/V this
+forward computed. For each model's attention shape and each microbatch of prefills (`--shapes`: the
+sequence lengths of one microbatch, comma-separated), q, k and v are strided views of one qkv output, as
+the model hands them on, and each kernel is timed eagerly over `CALLS` back-to-back calls (the host ahead
+of the GPU, as in a prefill's forward):
+
+- `paged bf16` / `paged fp8`: FlashInfer's fa2 over the K/V stored in pages (bf16; FP8 read with fp16
+  queries), what the executor ran before prefills attended over their own K/V;
+- `ragged fa2` / `ragged fa3`: FlashInfer's ragged prefill over the K/V rows themselves (fa3: Hopper's);
+- `sdpa cudnn` / `sdpa flash`: torch's scaled_dot_product_attention per sequence with that backend only.
+
+Each row gives us per call, TFLOP/s (4 * rows * KV * heads * head_dim per sequence) and the relative error
+||o - o_ref|| / ||o_ref|| against fp32 attention over the same bf16 values. `first ms` is the wall time of
+the kernel's first call at that shape (JIT builds, cuDNN plans). Only stdout is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from benchmarks.executor_speed import time_ms
+from executor.model.attention import AttentionLayout, indptr
+from executor.model.config import Family, full_size
+from executor.model.flashinfer_backend import FlashInferAttention, shared_workspace
+from executor.model.fp8 import FP8
+from sangam.hardware import PAGE, pages_for
+
+CALLS = 10
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
+
+
+def pages_of(
+    k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int], dtype: torch.dtype
+) -> tuple[AttentionLayout, torch.Tensor]:
+    """The K/V rows stored in pages of `dtype` (consecutive pages per sequence) and their layout."""
+    tables, start = [], 0
+    for length in lengths:
+        tables.append(list(range(start, start + pages_for(length))))
+        start += pages_for(length)
+    kv = torch.zeros(start, 2, PAGE, k.shape[1], k.shape[2], dtype=k.dtype, device=k.device)
+    row = 0
+    for length, table in zip(lengths, tables, strict=True):
+        for side, values in ((0, k), (1, v)):
+            padded = torch.zeros(
+                len(table) * PAGE, *values.shape[1:], dtype=values.dtype, device=values.device
+            )
+            padded[:length] = values[row : row + length]
+            kv[table[0] : table[-1] + 1, side] = padded.view(len(table), PAGE, *values.shape[1:])
+        row += length
+    return AttentionLayout.build(lengths, lengths, tables), kv.to(dtype)
+
+
+def paged(lengths: Sequence[int], heads: int, kv_dtype: torch.dtype) -> Kernel:
+    backend: FlashInferAttention | None = None
+    store: dict[str, torch.Tensor] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
+        nonlocal backend
+        if backend is None:
+            layout, store["kv"] = pages_of(k, v, lengths, kv_dtype)
+            backend = FlashInferAttention(heads, k.shape[1], k.shape[2], dtype=q.dtype, kv_dtype=kv_dtype)
+            backend.plan(layout)
+        out.copy_(backend.run(q, store["kv"]))
+        return out
+
+    return run
+
+
+def ragged(lengths: Sequence[int], heads: int, fa: str) -> Kernel:
+    flashinfer = importlib.import_module("flashinfer")
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(shared_workspace("cuda"), "NHD", backend=fa)
+    planned = False
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
+        nonlocal planned
+        if not planned:
+            offsets = indptr(lengths).cuda()
+            wrapper.plan(offsets, offsets, heads, k.shape[1], k.shape[2], causal=False,
+                         q_data_type=q.dtype, kv_data_type=k.dtype, o_data_type=q.dtype)  # fmt: skip
+            planned = True
+        return wrapper.run(q, k, v, out=out)
+
+    return run
+
+
+def sdpa(lengths: Sequence[int], backend: SDPBackend) -> Kernel:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
+        row = 0
+        with sdpa_kernel([backend]):
+            for length in lengths:
+                rows = slice(row, row + length)
+                o = F.scaled_dot_product_attention(
+                    *(x[rows].transpose(0, 1)[None] for x in (q, k, v)), enable_gqa=True
+                )
+                out[rows] = o[0].transpose(0, 1)
+                row += length
+        return out
+
+    return run
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    out, row = torch.empty(q.shape, dtype=torch.float32, device=q.device), 0
+    for length in lengths:
+        rows = slice(row, row + length)
+        o = F.scaled_dot_product_attention(
+            *(x[rows].float().transpose(0, 1)[None] for x in (q, k, v)), enable_gqa=True
+        )
+        out[rows] = o[0].transpose(0, 1)
+        row += length
+    return out
+
+
+def kernels(lengths: Sequence[int], heads: int) -> Iterator[tuple[str, Kernel]]:
+    yield "paged bf16", paged(lengths, heads, torch.bfloat16)
+    yield "paged fp8", paged(lengths, heads, FP8)
+    yield "ragged fa2", ragged(lengths, heads, "fa2")
+    yield "sdpa cudnn", sdpa(lengths, SDPBackend.CUDNN_ATTENTION)
+    yield "sdpa flash", sdpa(lengths, SDPBackend.FLASH_ATTENTION)
+    yield "ragged fa3", ragged(lengths, heads, "fa3")  # last: its JIT build takes minutes
+
+
+def bench(family: Family, lengths: Sequence[int], generator: torch.Generator, skip: Sequence[str]) -> None:
+    shape = full_size(family).shape
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
+    rows = sum(lengths)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(torch.bfloat16).cuda()
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.view(rows, heads, dim), k.view(rows, kv_heads, dim), v.view(rows, kv_heads, dim)
+    expected = reference(q, k, v, lengths)
+    flops = sum(4 * n * n * heads * dim for n in lengths)
+    label = ",".join(map(str, lengths))
+    for name, kernel in kernels(lengths, heads):
+        if any(name.startswith(s) or name.endswith(s) for s in skip):
+            continue
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        try:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            kernel(q, k, v, out)
+            torch.cuda.synchronize()
+            first = (time.perf_counter() - start) * 1e3
+            us = time_ms(lambda kernel=kernel, out=out: [kernel(q, k, v, out) for _ in range(CALLS)], 2, 7)
+            us *= 1e3 / CALLS
+        except Exception as error:  # a kernel this machine cannot build or run: say so, go on
+            print(f"{family.value:<6} {label:<12} {name:<11} failed: {str(error)[:300]}", flush=True)
+            continue
+        rel = float((out.float() - expected).norm() / expected.norm())
+        print(
+            f"{family.value:<6} {label:<12} {name:<11} {us:>9.1f} {flops / us / 1e6:>7.0f} {rel:>8.4f} "
+            f"{first:>9.1f}",
+            flush=True,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["llada", "dream"], choices=[f.value for f in Family])
+    parser.add_argument("--shapes", nargs="+", default=["2048", "512,1536", "4096"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="kernels to leave out (a name's first or last word)"
+    )
+    args = parser.parse_args(argv)
+    generator = torch.Generator().manual_seed(0)
+    flashinfer = importlib.import_module("flashinfer")
+    versions = (torch.__version__, torch.backends.cudnn.version(), flashinfer.__version__)
+    print(f"{torch.cuda.get_device_name()}, torch / cuDNN / flashinfer {' / '.join(map(str, versions))}")
+    print(
+        f"{'model':<6} {'lengths':<12} {'kernel':<11} {'us':>9} {'TFLOP/s':>7} {'rel err':>8} {'first ms':>9}"
+    )
+    for family in (Family(m) for m in args.models):
+        for shape in args.shapes:
+            bench(family, [int(n) for n in shape.split(",")], generator, args.skip)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Prefill attention over the forward's own K/V: a prefill's queries never read the pages back.
+
+A prefill recomputes every position of its sequence (docs/design.md section 1: a block starts with a
+non-causal forward over all S tokens), so its queries attend to exactly the K/V rows this forward computed.
+`ModelRunner` still stores them in the pages (the block's decodes read them there) but hands the
+microbatch's trailing prefills (`MicrobatchPlan.prefill_tail`) to a `PrefillAttention` over the rows
+themselves: over FP8 pages that avoids E4M3's rounding and FlashInfer's slow reads of FP8 pages
+(docs/executor-performance.md), and over any pages the page-table indirection.
+
+`PrefillAttention` is planned once per microbatch with the tail's CSR row offsets and run once per layer:
+`TorchPrefillAttention` (one SDPA call per sequence; CPU and checks) and
+`flashinfer_backend.FlashInferPrefillAttention` (FlashInfer's ragged batch prefill, fa2, one launch for all
+sequences; CUDA, fp16/bf16).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from executor.model.config import ModelConfig
+from executor.model.flashinfer_backend import HALF_DTYPES, FlashInferPrefillAttention, flashinfer_available
+
+
+class PrefillAttention(Protocol):
+    """Non-causal attention of whole sequences over their own K/V rows, planned once per microbatch."""
+
+    def plan(self, indptr: Tensor) -> None:
+        """Sequence i owns packed rows `indptr[i]:indptr[i + 1]` (host int32) of every later `run`."""
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> None:
+        """q (T, heads, d), k and v (T, kv_heads, d), strided rows allowed -> `out` (T, heads, d)."""
+
+
+class TorchPrefillAttention:
+    """One SDPA call per sequence: the reference, and the CPU path."""
+
+    def __init__(self) -> None:
+        self._rows: list[slice] = []
+
+    def plan(self, indptr: Tensor) -> None:
+        bounds = indptr.tolist()
+        self._rows = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> None:
+        for rows in self._rows:
+            # (1, heads, rows, d): with a batch dimension CPU SDPA takes its flash kernel (attention.py)
+            q_i, k_i, v_i = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+            attended = F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal=False, enable_gqa=True)
+            out[rows] = attended[0].transpose(0, 1)
+
+
+def make_prefill_attention(
+    device: torch.device | str, config: ModelConfig, dtype: torch.dtype
+) -> PrefillAttention:
+    """FlashInfer's ragged prefill on a CUDA device in fp16/bf16 when it is installed; SDPA otherwise."""
+    device, shape = torch.device(device), config.shape
+    if device.type == "cuda" and dtype in HALF_DTYPES and flashinfer_available():
+        return FlashInferPrefillAttention(
+            shape.heads, shape.kv_heads, shape.head_dim, dtype=dtype, device=device
+        )
+    return TorchPrefillAttention()

@@ -1,0 +1,185 @@
+"""Prefills attend over their own K/V rows: the microbatch's prefill tail, and the forward around it.
+
+A prefill's queries attend to exactly the K/V of its own span, so the trailing prefills of a microbatch run
+through a `PrefillAttention` over those rows while the items before them attend over their pages. The
+results must equal attention over the pages where the pages hold the same values (fp32), and over FP8 pages
+the prefill must see its unrounded K/V while the pages still receive them for the block's decodes.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from executor_helpers import relative_error
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import Tensor
+
+from executor.model import flashinfer_backend, forward
+from executor.model.attention import AttentionLayout, TorchAttention
+from executor.model.config import Family, tiny
+from executor.model.forward import ModelRunner
+from executor.model.kv_cache import PagedKVCache, gather_kv
+from executor.model.loading import random_model
+from executor.model.microbatch import ForwardItem, Phase, plan_microbatch
+from executor.model.prefill_attention import TorchPrefillAttention
+from executor.model.transformer import Transformer
+from sangam.hardware import BLOCK, pages_for
+from sangam.kv import PagePool
+
+ATOL = 2e-5
+FP8 = torch.float8_e4m3fn
+E4M3_ROUNDOFF = 2.0**-4
+
+
+def item(rid: int, phase: Phase, prompt: int, masks: int = 64) -> ForwardItem:
+    tokens = torch.cat([torch.arange(prompt) % 50, torch.full((masks,), 99)])
+    return ForwardItem(rid, phase, tokens, prompt)
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(Phase)), st.integers(1, 80)), min_size=1, max_size=6))
+def test_the_prefill_tail_is_the_trailing_run_of_prefills(shapes: list[tuple[Phase, int]]) -> None:
+    items = [item(rid, phase, prompt) for rid, (phase, prompt) in enumerate(shapes)]
+    tables = [list(range(pages_for(i.seq_len))) for i in items]
+    plan = plan_microbatch(items, tables, 0, 1000, torch.device("cpu"))
+    trailing = len(items) - next(
+        (n for n in range(len(items), 0, -1) if items[n - 1].phase is Phase.DECODE), 0
+    )
+    tail = plan.prefill_tail
+    if trailing == 0:
+        assert tail is None
+        return
+    assert tail is not None and tail.items == trailing
+    head = len(items) - trailing
+    rows = [i.seq_len if i.phase is Phase.PREFILL else BLOCK for i in items]
+    assert tail.start == sum(rows[:head]) and tail.indptr.dtype == torch.int32
+    assert tail.indptr.tolist() == [sum(rows[head:n]) for n in range(head, len(items) + 1)]
+    before = plan.layout.head(head)
+    assert before.num_items == head and int(before.qo_indptr[-1]) == tail.start
+    assert (
+        len(before.kv_indices)
+        == int(before.kv_indptr[-1])
+        == sum(
+            map(len, [p[: pages_for(i.seq_len)] for p, i in zip(tables[:head], items[:head], strict=True)])
+        )
+    )
+
+
+class PlannedAttention(TorchAttention):
+    """The torch backend, keeping the row counts of the layouts it is planned with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.planned: list[int] = []
+
+    def plan(self, layout: AttentionLayout) -> None:
+        self.planned.append(int(layout.qo_indptr[-1]))
+        super().plan(layout)
+
+
+def runner(model: Transformer, dtype: torch.dtype) -> ModelRunner:
+    cache = PagedKVCache.for_model(PagePool(96), model.config, dtype=dtype, device="cpu")
+    return ModelRunner(model, cache, PlannedAttention(), TorchPrefillAttention())
+
+
+def stored(run: ModelRunner, items: list[ForwardItem], layer: int) -> Tensor:
+    """The K/V one layer holds at every position of the items' sequences (never a slot unwritten)."""
+    kv, table = run.cache.layers[layer], run.cache.page_table
+    return torch.cat([x for i in items for x in gather_kv(kv, torch.tensor(table(i.request_id)), i.seq_len)])
+
+
+def decodes_then_prefills(model: Transformer, run: ModelRunner) -> tuple[list[ForwardItem], Tensor]:
+    """The engine's packing: two decodes (their blocks prefilled before), then two prefills; the logits."""
+    config = model.config
+    generator = torch.Generator().manual_seed(5)
+    items = []
+    for rid, (prompt, phase) in enumerate(
+        [(40, Phase.DECODE), (21, Phase.DECODE), (33, Phase.PREFILL), (70, Phase.PREFILL)]
+    ):
+        ids = torch.randint(0, config.mask_id, (prompt,), generator=generator)
+        tokens = torch.cat([ids, torch.full((64,), config.mask_id)])
+        run.cache.pool.allocate(rid, pages_for(len(tokens)))
+        if phase is Phase.DECODE:
+            run.forward([ForwardItem(rid, Phase.PREFILL, tokens, prompt)])
+        items.append(ForwardItem(rid, phase, tokens, prompt))
+    return items, run.forward(items)
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_a_prefill_tail_over_its_own_kv_equals_attention_over_the_pages(
+    family: Family, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = random_model(tiny(family), dtype=torch.float32, seed=3, std=0.2)
+    own_run = runner(model, torch.float32)
+    items, own = decodes_then_prefills(model, own_run)
+    rows = BLOCK + model.config.logit_shift
+    assert isinstance(own_run.backend, PlannedAttention)  # the pages' backend: the two decodes' rows only
+    assert own_run.backend.planned[-1] == 2 * rows
+    monkeypatch.setattr(forward, "OWN_KV_PREFILL", False)
+    paged_run = runner(model, torch.float32)
+    _, paged = decodes_then_prefills(model, paged_run)
+    assert torch.allclose(own, paged, atol=ATOL)
+    for layer in range(model.config.shape.layers):  # the same K/V in the pages
+        assert torch.allclose(stored(own_run, items, layer), stored(paged_run, items, layer), atol=ATOL)
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_over_fp8_pages_a_prefill_attends_over_its_unrounded_kv(
+    family: Family, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = random_model(tiny(family), dtype=torch.float32, seed=4, std=0.2)
+    _, exact = decodes_then_prefills(model, runner(model, torch.float32))
+    fp8_run = runner(model, FP8)
+    items, own = decodes_then_prefills(model, fp8_run)
+    prefills = slice(2, 4)
+    assert torch.allclose(own[prefills], exact[prefills], atol=ATOL)  # the prefills: no E4M3 rounding
+    assert relative_error(own[:2], exact[:2]) > 0  # the decodes read FP8 pages
+    monkeypatch.setattr(forward, "OWN_KV_PREFILL", False)
+    paged_run = runner(model, FP8)
+    _, paged = decodes_then_prefills(model, paged_run)
+    assert relative_error(paged[prefills], exact[prefills]) > 100 * relative_error(
+        own[prefills], exact[prefills]
+    )
+    # the pages still receive the K/V: bit for bit in the first layer (later ones see other attention)
+    first = stored(fp8_run, items, 0).view(torch.uint8), stored(paged_run, items, 0).view(torch.uint8)
+    assert torch.equal(*first) and first[0].any()
+
+
+def test_flashinfer_prefill_attention_plans_non_causal_fa2_over_the_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: dict[str, object] = {}
+
+    class Wrapper:  # FlashInfer's BatchPrefillWithRaggedKVCacheWrapper, as far as it is used
+        def __init__(self, workspace: Tensor, layout: str, backend: str) -> None:
+            calls["init"] = (layout, backend)
+
+        def plan(self, qo: Tensor, kv: Tensor, *args: object, **kwargs: object) -> None:
+            calls["plan"] = (qo.tolist(), kv.tolist(), args, kwargs)
+
+        def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
+            calls["run"] = (q, k, v, out)
+            return out
+
+    fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=Wrapper)
+    monkeypatch.setattr(flashinfer_backend, "flashinfer_module", lambda: fake)
+    monkeypatch.setattr(flashinfer_backend, "shared_workspace", lambda device: torch.empty(1))
+    attention = flashinfer_backend.FlashInferPrefillAttention(
+        4, 2, 16, dtype=torch.bfloat16, device=torch.device("cpu")
+    )
+    offsets = torch.tensor([0, 3, 10], dtype=torch.int32)
+    attention.plan(offsets)
+    qo, kv, args, kwargs = calls["plan"]  # type: ignore[misc]
+    assert calls["init"] == ("NHD", "fa2") and qo == kv == [0, 3, 10] and args == (4, 2, 16)
+    assert kwargs == {
+        "causal": False,
+        "q_data_type": torch.bfloat16,
+        "kv_data_type": torch.bfloat16,
+        "o_data_type": torch.bfloat16,
+    }
+    q, k = torch.randn(10, 4, 16), torch.randn(10, 2, 16)
+    out = torch.empty_like(q)
+    attention.run(q, k, k, out)
+    assert calls["run"][3] is out  # type: ignore[index]

@@ -49,7 +49,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
-from executor.model import cuda_graphs, forward, fp8, layers
+from executor.model import cuda_graphs, fp8, layers
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, ModelConfig, full_size
 from executor.model.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
@@ -238,7 +238,6 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         torch.cuda.empty_cache()
     fp8.FAST_ACCUM = not args.exact_accum  # this process's (bench_alone spawns one per model)
     cuda_graphs.FP8_PAGE_KERNEL = not args.fa2_pages
-    forward.OWN_KV_PREFILL = not args.paged_prefill
     weights = fp8.weight_bytes(model) / 2**30
     accumulation = f" (fast accumulation {fp8.FAST_ACCUM})" if quant != "bf16" else ""
     print(f"# {family.value} {quant}{accumulation}: weights {weights:.2f} GiB")
@@ -249,7 +248,8 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     cache = PagedKVCache.for_model(PagePool(capacity), config, dtype=kv_dtype, device=device)
     backend = make_backend(device, config, dtype=dtype, kv_dtype=kv_dtype)
     assert isinstance(backend, FlashInferAttention), "the benchmark measures FlashInfer attention"
-    runner = ModelRunner(model, cache, backend, make_prefill_attention(device, config, dtype))
+    prefill = None if args.paged_prefill else make_prefill_attention(device, config, dtype, kv_dtype)
+    runner = ModelRunner(model, cache, backend, prefill)
     pool, rows = cache.pool, []
 
     def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
@@ -523,7 +523,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--paged-prefill",
         action="store_true",
-        help="prefills attend over their pages, not their own K/V rows",
+        help="prefills over FP8 pages read them back, not their own K/V rows",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")

@@ -262,9 +262,18 @@ class FlashInferAttention:
         return result
 
 
+def prefill_kernels(device: torch.device | str) -> str:
+    """FlashInfer's backend for prefills over their own rows: fa3 on Hopper (compute capability 9.0), else
+    fa2."""
+    device = torch.device(device)
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    return "fa3" if hopper else FA2
+
+
 class FlashInferPrefillAttention:
-    """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper` on its fa2 backend, non-causal (as the paged
-    backend is pinned: docs/design.md section 5)."""
+    """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper`, non-causal, on its fa3 backend on Hopper (1.6x
+    fa2's speed there, the same error against fp32 attention: `benchmarks/prefill_attention_speed.py`) and
+    fa2 elsewhere; never trtllm-gen (docs/design.md section 5)."""
 
     def __init__(
         self, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
@@ -272,8 +281,9 @@ class FlashInferPrefillAttention:
         if dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer prefill attention needs fp16/bf16, not {dtype}")
         self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype
+        self.kernels = prefill_kernels(device)
         self._wrapper = _require().BatchPrefillWithRaggedKVCacheWrapper(
-            shared_workspace(device), "NHD", backend=FA2
+            shared_workspace(device), "NHD", backend=self.kernels
         )
 
     def plan(self, indptr: Tensor) -> None:
@@ -318,9 +328,9 @@ def warm_up_kernels(
 ) -> dict[str, float]:
     """JIT-compile (or load from the cache) every FlashInfer module the executor uses, in parallel threads.
 
-    The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s) and over
-    `dtype` K/V rows (prefills attend over their own: `executor.model.prefill_attention`), RMSNorm,
-    SiLU-and-mul, RoPE with a cos/sin cache and the paged K/V store.
+    The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s), over FP8 pages
+    also the ragged prefill over `dtype` K/V rows (`FlashInferPrefillAttention`: fa3 on Hopper, its first
+    build about 90 s), RMSNorm, SiLU-and-mul, RoPE with a cos/sin cache and the paged K/V store.
     Returns seconds per module. Each build is a ninja subprocess, so threads overlap them.
     """
     import time
@@ -366,7 +376,8 @@ def warm_up_kernels(
         flashinfer.append_paged_kv_cache(k, k, rows, rows, kv, rows[:1], bounds, bounds[1:])
 
     jobs: dict[str, Any] = {f"attention_hd{d}": functools.partial(attention, d) for d in head_dims}
-    jobs |= {f"prefill_hd{d}": functools.partial(prefill, d) for d in head_dims}
+    if kv_dtype == FP8:  # prefills attend over their own rows (executor.model.prefill_attention)
+        jobs |= {f"prefill_hd{d}": functools.partial(prefill, d) for d in head_dims}
     jobs |= {"rmsnorm": norm, "silu_and_mul": activation, "rope": rope, "append_paged_kv": page}
     seconds: dict[str, float] = {}
     failed: list[str] = []

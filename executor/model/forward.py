@@ -14,11 +14,9 @@ from executor.model.fp8 import FP8, FP8_MAX, fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, PrefillTail, plan_microbatch
-from executor.model.prefill_attention import PrefillAttention, TorchPrefillAttention
+from executor.model.prefill_attention import PrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE
-
-OWN_KV_PREFILL = True  # False: prefills attend over their pages too (benchmarks compare the two)
 
 
 class PagedAttention:
@@ -125,8 +123,8 @@ def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
 class ModelRunner:
     """Runs mixed prefill/decode microbatches of one model against one worker's paged KV cache.
 
-    `backend` attends over the pages; `prefill` (SDPA when not given) attends the trailing prefills over
-    their own K/V (`executor.model.prefill_attention`).
+    `backend` attends over the pages; `prefill`, when given, attends the trailing prefills over their own K/V
+    (`executor.model.prefill_attention`; without it they read their pages back).
     """
 
     def __init__(
@@ -137,7 +135,7 @@ class ModelRunner:
         prefill: PrefillAttention | None = None,
     ) -> None:
         self.model, self.cache, self.backend = model, cache, backend
-        self.prefill = prefill or TorchPrefillAttention()
+        self.prefill = prefill
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem]) -> Tensor:
@@ -149,8 +147,8 @@ class ModelRunner:
         tables = [self.cache.page_table(item.request_id) for item in items]
         shift, scratch = self.model.config.logit_shift, self.cache.scratch_page
         plan = plan_microbatch(items, tables, shift, scratch, self.model.device)
-        tail = plan.prefill_tail if OWN_KV_PREFILL else None
-        if tail is None:
+        tail = plan.prefill_tail if self.prefill is not None else None
+        if tail is None or self.prefill is None:
             self.backend.plan(plan.layout)
         else:
             if tail.items < len(items):

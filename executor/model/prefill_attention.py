@@ -2,14 +2,18 @@
 
 A prefill recomputes every position of its sequence (docs/design.md section 1: a block starts with a
 non-causal forward over all S tokens), so its queries attend to exactly the K/V rows this forward computed.
-`ModelRunner` still stores them in the pages (the block's decodes read them there) but hands the
-microbatch's trailing prefills (`MicrobatchPlan.prefill_tail`) to a `PrefillAttention` over the rows
-themselves: over FP8 pages that avoids E4M3's rounding and FlashInfer's slow reads of FP8 pages
-(docs/executor-performance.md), and over any pages the page-table indirection.
+Over FP8 pages `ModelRunner` still stores them in the pages (the block's decodes read them there) but hands
+the microbatch's trailing prefills (`MicrobatchPlan.prefill_tail`) to a `PrefillAttention` over the rows
+themselves: that avoids E4M3's rounding and FlashInfer's slow reads of FP8 pages, and on Hopper it runs
+FlashInfer's fa3 kernels (LLaDA-8B's 2,048-token prefill over FP8 pages: 37.8 ms read back, 34.1 ms over
+its own rows with fa2; one layer's attention 351 us, 187 us with fa2 and 118 us with fa3;
+docs/executor-performance.md "The sixth round"). Over bf16 pages prefills still read the pages back:
+exact, and with fa2 as fast (53.6 against 53.4 ms); fa3 there would change the bf16 executor its profiles
+and validations measured.
 
 `PrefillAttention` is planned once per microbatch with the tail's CSR row offsets and run once per layer:
 `TorchPrefillAttention` (one SDPA call per sequence; CPU and checks) and
-`flashinfer_backend.FlashInferPrefillAttention` (FlashInfer's ragged batch prefill, fa2, one launch for all
+`flashinfer_backend.FlashInferPrefillAttention` (FlashInfer's ragged batch prefill, one launch for all
 sequences; CUDA, fp16/bf16).
 """
 
@@ -24,6 +28,7 @@ from torch import Tensor
 
 from executor.model.config import ModelConfig
 from executor.model.flashinfer_backend import HALF_DTYPES, FlashInferPrefillAttention, flashinfer_available
+from executor.model.fp8 import FP8
 
 
 class PrefillAttention(Protocol):
@@ -55,9 +60,12 @@ class TorchPrefillAttention:
 
 
 def make_prefill_attention(
-    device: torch.device | str, config: ModelConfig, dtype: torch.dtype
-) -> PrefillAttention:
-    """FlashInfer's ragged prefill on a CUDA device in fp16/bf16 when it is installed; SDPA otherwise."""
+    device: torch.device | str, config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype
+) -> PrefillAttention | None:
+    """Over FP8 pages: FlashInfer's ragged prefill on a CUDA device in fp16/bf16 when it is installed, SDPA
+    otherwise. Over other pages None: prefills read their pages back."""
+    if kv_dtype != FP8:
+        return None
     device, shape = torch.device(device), config.shape
     if device.type == "cuda" and dtype in HALF_DTYPES and flashinfer_available():
         return FlashInferPrefillAttention(

@@ -47,6 +47,7 @@ from executor.model.kv_cache import PagedKVCache
 from executor.model.live_models import lookup_live_model
 from executor.model.loading import load_checkpoint, random_model
 from executor.model.microbatch import ForwardItem, Phase
+from executor.model.prefill_attention import make_prefill_attention
 from executor.model.sampler import BlockStep, SamplingParams, commits_eos, unmask
 from executor.model.transformer import Transformer
 from executor.transfer.ends import TransferEnds
@@ -339,19 +340,17 @@ def build_model(
 
 def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:
     """The torch backend on CPU; on CUDA FlashInfer (when installed) and decode CUDA graphs."""
-    if model.device.type != "cuda":
-        return ModelRunner(model, cache, TorchAttention())
-    from executor.model.flashinfer_backend import make_backend, supports, warm_up_kernels
-    from executor.model.prefill_attention import make_prefill_attention
-
     kv_dtype = cache.layers[0].dtype
+    prefill = make_prefill_attention(model.device, model.config, model.dtype, kv_dtype)
+    if model.device.type != "cuda":
+        return ModelRunner(model, cache, TorchAttention(), prefill)
+    from executor.model.flashinfer_backend import make_backend, supports, warm_up_kernels
+
     if supports(model.device, model.dtype, kv_dtype):
         head_dims = (model.config.shape.head_dim,)
         warm_up_kernels(model.device, dtype=model.dtype, kv_dtype=kv_dtype, head_dims=head_dims)
     backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
-    runner = ModelRunner(
-        model, cache, backend, make_prefill_attention(model.device, model.config, model.dtype)
-    )
+    runner = ModelRunner(model, cache, backend, prefill)
     if not cuda_graphs or not supports(model.device, model.dtype, kv_dtype):
         return runner
     from executor.model.cuda_graphs import GraphedModelRunner

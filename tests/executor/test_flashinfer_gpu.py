@@ -23,7 +23,7 @@ from executor.model.forward import ModelRunner, SlotStore
 from executor.model.kv_cache import KVSlots, PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
-from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention
+from executor.model.prefill_attention import TorchPrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 from sangam.kv import PagePool
@@ -46,10 +46,8 @@ def sequence(config: ModelConfig, prompt: int, masks: int, seed: int) -> Tensor:
 
 def runner_for(model: Transformer, backend: str, pages: int = 512) -> ModelRunner:
     cache = PagedKVCache.for_model(PagePool(pages), model.config, dtype=DTYPE, device="cuda")
-    if backend == "torch":
-        return ModelRunner(model, cache, TorchAttention())
-    attention = make_backend("cuda", model.config, dtype=DTYPE)
-    return ModelRunner(model, cache, attention, make_prefill_attention("cuda", model.config, DTYPE))
+    attention = TorchAttention() if backend == "torch" else make_backend("cuda", model.config, dtype=DTYPE)
+    return ModelRunner(model, cache, attention)
 
 
 # -- the attention backends on one paged KV ----------------------------------------------------------------
@@ -180,16 +178,10 @@ def test_model_with_flashinfer_is_as_accurate_as_with_torch_attention(family: Fa
 
     def run(net: Transformer, backend: str) -> Tensor:
         cache = PagedKVCache.for_model(PagePool(512), net.config, dtype=net.dtype, device="cuda")
-        runner = (
-            ModelRunner(net, cache, TorchAttention())
-            if backend == "torch"
-            else ModelRunner(
-                net,
-                cache,
-                make_backend("cuda", net.config, dtype=net.dtype),
-                make_prefill_attention("cuda", net.config, net.dtype),
-            )
+        attention = (
+            TorchAttention() if backend == "torch" else make_backend("cuda", net.config, dtype=net.dtype)
         )
+        runner = ModelRunner(net, cache, attention)
         for rid, seq in tokens.items():
             cache.pool.allocate(rid, pages_for(len(seq)))
         for rid in (1, 2):  # decodes follow their block's prefill

@@ -78,7 +78,8 @@ def model_logits(model: Transformer, kv_dtype: torch.dtype, backend: str) -> Ten
         else make_backend("cuda", model.config, dtype=model.dtype, kv_dtype=kv_dtype)
     )
     assert backend == "torch" or isinstance(attention, FlashInferAttention)
-    prefill = None if backend == "torch" else make_prefill_attention("cuda", model.config, model.dtype)
+    config = model.config
+    prefill = make_prefill_attention("cuda", config, model.dtype, kv_dtype) if backend != "torch" else None
     runner = ModelRunner(model, cache, attention, prefill)
     out = []
     for rid, (prompt, masks) in enumerate([(300, 64), (795, 1024), (40, 32)]):

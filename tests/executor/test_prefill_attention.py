@@ -17,14 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from executor.model import flashinfer_backend, forward
+from executor.model import flashinfer_backend
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache, gather_kv
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase, plan_microbatch
-from executor.model.prefill_attention import TorchPrefillAttention
+from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
@@ -79,9 +79,10 @@ class PlannedAttention(TorchAttention):
         super().plan(layout)
 
 
-def runner(model: Transformer, dtype: torch.dtype) -> ModelRunner:
+def runner(model: Transformer, dtype: torch.dtype, own: bool = True) -> ModelRunner:
+    """A CPU runner over pages of `dtype`, its prefills over their own K/V (`own`) or read back."""
     cache = PagedKVCache.for_model(PagePool(96), model.config, dtype=dtype, device="cpu")
-    return ModelRunner(model, cache, PlannedAttention(), TorchPrefillAttention())
+    return ModelRunner(model, cache, PlannedAttention(), TorchPrefillAttention() if own else None)
 
 
 def stored(run: ModelRunner, items: list[ForwardItem], layer: int) -> Tensor:
@@ -109,7 +110,7 @@ def decodes_then_prefills(model: Transformer, run: ModelRunner) -> tuple[list[Fo
 
 @pytest.mark.parametrize("family", list(Family))
 def test_a_prefill_tail_over_its_own_kv_equals_attention_over_the_pages(
-    family: Family, monkeypatch: pytest.MonkeyPatch
+    family: Family,
 ) -> None:
     model = random_model(tiny(family), dtype=torch.float32, seed=3, std=0.2)
     own_run = runner(model, torch.float32)
@@ -117,8 +118,7 @@ def test_a_prefill_tail_over_its_own_kv_equals_attention_over_the_pages(
     rows = BLOCK + model.config.logit_shift
     assert isinstance(own_run.backend, PlannedAttention)  # the pages' backend: the two decodes' rows only
     assert own_run.backend.planned[-1] == 2 * rows
-    monkeypatch.setattr(forward, "OWN_KV_PREFILL", False)
-    paged_run = runner(model, torch.float32)
+    paged_run = runner(model, torch.float32, own=False)
     _, paged = decodes_then_prefills(model, paged_run)
     assert torch.allclose(own, paged, atol=ATOL)
     for layer in range(model.config.shape.layers):  # the same K/V in the pages
@@ -127,7 +127,7 @@ def test_a_prefill_tail_over_its_own_kv_equals_attention_over_the_pages(
 
 @pytest.mark.parametrize("family", list(Family))
 def test_over_fp8_pages_a_prefill_attends_over_its_unrounded_kv(
-    family: Family, monkeypatch: pytest.MonkeyPatch
+    family: Family,
 ) -> None:
     model = random_model(tiny(family), dtype=torch.float32, seed=4, std=0.2)
     _, exact = decodes_then_prefills(model, runner(model, torch.float32))
@@ -136,8 +136,7 @@ def test_over_fp8_pages_a_prefill_attends_over_its_unrounded_kv(
     prefills = slice(2, 4)
     assert torch.allclose(own[prefills], exact[prefills], atol=ATOL)  # the prefills: no E4M3 rounding
     assert relative_error(own[:2], exact[:2]) > 0  # the decodes read FP8 pages
-    monkeypatch.setattr(forward, "OWN_KV_PREFILL", False)
-    paged_run = runner(model, FP8)
+    paged_run = runner(model, FP8, own=False)
     _, paged = decodes_then_prefills(model, paged_run)
     assert relative_error(paged[prefills], exact[prefills]) > 100 * relative_error(
         own[prefills], exact[prefills]
@@ -145,6 +144,14 @@ def test_over_fp8_pages_a_prefill_attends_over_its_unrounded_kv(
     # the pages still receive the K/V: bit for bit in the first layer (later ones see other attention)
     first = stored(fp8_run, items, 0).view(torch.uint8), stored(paged_run, items, 0).view(torch.uint8)
     assert torch.equal(*first) and first[0].any()
+
+
+def test_prefills_attend_over_their_own_kv_over_fp8_pages_only() -> None:
+    config = tiny(Family.DREAM)
+    assert isinstance(make_prefill_attention("cpu", config, torch.float32, FP8), TorchPrefillAttention)
+    for pages in (torch.float32, torch.bfloat16):
+        assert make_prefill_attention("cpu", config, torch.float32, pages) is None
+    assert flashinfer_backend.prefill_kernels("cpu") == "fa2"
 
 
 def test_flashinfer_prefill_attention_plans_non_causal_fa2_over_the_rows(

@@ -262,18 +262,9 @@ class FlashInferAttention:
         return result
 
 
-def prefill_kernels(device: torch.device | str) -> str:
-    """FlashInfer's backend for prefills over their own rows: fa3 on Hopper (compute capability 9.0), else
-    fa2."""
-    device = torch.device(device)
-    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-    return "fa3" if hopper else FA2
-
-
 class FlashInferPrefillAttention:
-    """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper`, non-causal, on its fa3 backend on Hopper (1.6x
-    fa2's speed there, the same error against fp32 attention: `benchmarks/prefill_attention_speed.py`) and
-    fa2 elsewhere; never trtllm-gen (docs/design.md section 5)."""
+    """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper` on its fa2 backend, non-causal (pinned as the
+    paged backend is: docs/design.md section 5). Its module is the paged one's of the same dtypes."""
 
     def __init__(
         self, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
@@ -281,9 +272,8 @@ class FlashInferPrefillAttention:
         if dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer prefill attention needs fp16/bf16, not {dtype}")
         self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype
-        self.kernels = prefill_kernels(device)
         self._wrapper = _require().BatchPrefillWithRaggedKVCacheWrapper(
-            shared_workspace(device), "NHD", backend=self.kernels
+            shared_workspace(device), "NHD", backend=FA2
         )
 
     def plan(self, indptr: Tensor) -> None:
@@ -329,8 +319,8 @@ def warm_up_kernels(
     """JIT-compile (or load from the cache) every FlashInfer module the executor uses, in parallel threads.
 
     The modules: fa2 batch prefill for each head_dim over `kv_dtype` pages (None: `dtype`'s), over FP8 pages
-    also the ragged prefill over `dtype` K/V rows (`FlashInferPrefillAttention`: fa3 on Hopper, its first
-    build about 90 s), RMSNorm, SiLU-and-mul, RoPE with a cos/sin cache and the paged K/V store.
+    also over `dtype` K/V rows (`FlashInferPrefillAttention`), RMSNorm, SiLU-and-mul, RoPE with a cos/sin
+    cache and the paged K/V store.
     Returns seconds per module. Each build is a ninja subprocess, so threads overlap them.
     """
     import time

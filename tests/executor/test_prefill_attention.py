@@ -151,7 +151,6 @@ def test_prefills_attend_over_their_own_kv_over_fp8_pages_only() -> None:
     assert isinstance(make_prefill_attention("cpu", config, torch.float32, FP8), TorchPrefillAttention)
     for pages in (torch.float32, torch.bfloat16):
         assert make_prefill_attention("cpu", config, torch.float32, pages) is None
-    assert flashinfer_backend.prefill_kernels("cpu") == "fa2"
 
 
 def test_flashinfer_prefill_attention_plans_non_causal_fa2_over_the_rows(

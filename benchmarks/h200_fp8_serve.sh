@@ -17,7 +17,7 @@
 #            validate/seedS/live-qpsQ/ (in validate.tgz): one seed's log can refit the profile
 #            (sangam profile --from-log) and another seed's run stays held out;
 #   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
-#   speed    benchmarks.executor_speed of LLaDA-8B, bf16 and FP8 side by side, then FP8 over FP8 pages
+#   speed    benchmarks.executor_speed of SPEED_MODELS ("llada" by default), bf16 and FP8 side by side, then
 #            (speed.json, speed-kv8.json; kernel sums at 8 and 32 items); not in the default STEPS, nor DRY;
 #   pages    attention over FP8 pages: benchmarks.kv_attention_speed --page-sweep (FlashInfer's fa2 and
 #            Fp8PageAttention, one layer, LLaDA and Dream at 8 and 32 items), then executor_speed of both
@@ -49,7 +49,7 @@
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}; WHEELS=${WHEELS:-.whl}
-STEPS=${STEPS:-jit profile testbed search live dream serve tests}; QPS=${QPS:-}
+STEPS=${STEPS:-jit profile testbed search live dream serve tests}; QPS=${QPS:-}; SPEED_MODELS=${SPEED_MODELS:-llada}
 OUT=${OUT:-/tmp/h200-fp8-serve-out}
 SLO=p99_e2el_s=20
 FP8=(--quantization fp8 --kv-cache-dtype fp8)
@@ -145,8 +145,8 @@ if [[ -n $QPS ]]; then
 fi
 
 if [[ $DRY != 1 ]]; then
-    step speed 200 "${SPEED[@]}" --models llada --quantization bf16 fp8 --json "$OUT/speed.json"
-    step speed-kv8 120 "${SPEED[@]}" --models llada --quantization fp8 --kv-cache-dtype fp8 \
+    step speed 300 "${SPEED[@]}" --models $SPEED_MODELS --quantization bf16 fp8 --json "$OUT/speed.json"
+    step speed-kv8 200 "${SPEED[@]}" --models $SPEED_MODELS --quantization fp8 --kv-cache-dtype fp8 \
         --json "$OUT/speed-kv8.json"
 fi
 

@@ -17,7 +17,7 @@
 #            validate/seedS/live-qpsQ/ (in validate.tgz): one seed's log can refit the profile
 #            (sangam profile --from-log) and another seed's run stays held out;
 #   dream    sangam profile of Dream-7B the same way -> profile/h200-fp8-kvfp8/dream-7b.* (in profile.tgz);
-#   speed    benchmarks.executor_speed of SPEED_MODELS ("llada" by default), bf16 and FP8 side by side, then
+#   speed    benchmarks.executor_speed of SPEED_MODELS ("llada" by default), bf16 and FP8, then FP8 over FP8 pages
 #            (speed.json, speed-kv8.json; kernel sums at 8 and 32 items); not in the default STEPS, nor DRY;
 #   pages    attention over FP8 pages: benchmarks.kv_attention_speed --page-sweep (FlashInfer's fa2 and
 #            Fp8PageAttention, one layer, LLaDA and Dream at 8 and 32 items), then executor_speed of both

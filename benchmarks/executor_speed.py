@@ -178,7 +178,8 @@ def random_tokens(config: ModelConfig, n: int, seed: int) -> torch.Tensor:
 
 CATEGORIES = (
     ("fp8 quantize", ("quantize",)),
-    ("attention", ("prefill", "merge_state", "mergestate", "attention")),
+    # `_attend` and `_merge`: Fp8PageAttention's Triton kernels
+    ("attention", ("prefill", "merge_state", "mergestate", "attention", "_attend", "_merge")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
     ("norm", ("norm",)),
     ("rope", ("rope", "rotary")),

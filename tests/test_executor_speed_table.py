@@ -14,6 +14,7 @@ from benchmarks.executor_speed import (
     FP8_SPEEDUP,
     Row,
     bound,
+    category,
     count,
     count_parts,
     main,
@@ -121,3 +122,11 @@ def test_an_fp8_kv_cache_halves_the_kv_bytes_only_and_labels_its_rows(tmp_path, 
     path.write_text(json.dumps([asdict(row) | {"met": ""}]))
     main(["--table", str(path)])
     assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["llada", "fp8+kv8"]
+
+
+def test_kernel_sums_count_our_page_kernels_as_attention() -> None:
+    """Fp8PageAttention's Triton kernels (`_attend`, `_merge`) were summed as elementwise in the fifth
+    round's breakdowns."""
+    fa2 = "BatchPrefillWithPagedKVCacheKernel"
+    assert category("_attend") == category("_merge") == category(fa2) == "attention"
+    assert category("_quantize_rows") == category("_add_rmsnorm_quantize_rows") == "fp8 quantize"

@@ -38,6 +38,7 @@ from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
+from executor.model.prefill_attention import make_prefill_attention
 from sangam.hardware import pages_for
 from sangam.kv import PagePool
 
@@ -79,7 +80,9 @@ def forwards(args: argparse.Namespace) -> None:
     decodes_max = max(b for _, b in SHAPES)
     capacity = decodes_max * pages_for(PROMPT + MASKS) + 2 * pages_for(2048) + 8
     cache = PagedKVCache.for_model(PagePool(capacity), config, dtype=kv_dtype, device=device)
-    runner = ModelRunner(model, cache, make_backend(device, config, dtype=torch.bfloat16, kv_dtype=kv_dtype))
+    backend = make_backend(device, config, dtype=torch.bfloat16, kv_dtype=kv_dtype)
+    prefill = make_prefill_attention(device, config, torch.bfloat16, kv_dtype)
+    runner = ModelRunner(model, cache, backend, prefill)
 
     def tokens(n: int, seed: int) -> torch.Tensor:
         return torch.randint(0, config.mask_id, (n,), generator=torch.Generator().manual_seed(seed))
@@ -101,7 +104,7 @@ def forwards(args: argparse.Namespace) -> None:
         if size:
             rid = 10_000 + size
             cache.pool.allocate(rid, pages_for(size))
-            items = [ForwardItem(rid, Phase.PREFILL, tokens(size, size), max(32, size - MASKS)), *items]
+            items = [*items, ForwardItem(rid, Phase.PREFILL, tokens(size, size), max(32, size - MASKS))]
         host, gpu = timed(lambda: runner.forward(items), args.repeats)  # noqa: B023  # called at once
         if size:
             cache.pool.release(10_000 + size)

@@ -264,7 +264,8 @@ class FlashInferAttention:
 
 class FlashInferPrefillAttention:
     """FlashInfer's `BatchPrefillWithRaggedKVCacheWrapper` on its fa2 backend, non-causal (pinned as the
-    paged backend is: docs/design.md section 5). Its module is the paged one's of the same dtypes."""
+    paged backend is: docs/design.md section 5). It runs the module of bf16 (fp16) q, K/V and output, which
+    over FP8 pages is built beside the paged one (`warm_up_kernels`)."""
 
     def __init__(
         self, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device

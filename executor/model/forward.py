@@ -13,7 +13,7 @@ from executor.model.attention import AttentionBackend
 from executor.model.fp8 import FP8, FP8_MAX, fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
-from executor.model.microbatch import ForwardItem, MicrobatchPlan, PrefillTail, plan_microbatch
+from executor.model.microbatch import ForwardItem, MicrobatchPlan, Phase, PrefillTail, plan_microbatch
 from executor.model.prefill_attention import PrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE
@@ -123,8 +123,9 @@ def _store_rows(kv_layer: Tensor, rows: Tensor, values: Tensor) -> None:
 class ModelRunner:
     """Runs mixed prefill/decode microbatches of one model against one worker's paged KV cache.
 
-    `backend` attends over the pages; `prefill`, when given, attends the trailing prefills over their own K/V
-    (`executor.model.prefill_attention`; without it they read their pages back).
+    `backend` attends over the pages; `prefill`, when given, attends every prefill over its own K/V
+    (`executor.model.prefill_attention`; without it they read their pages back): the forward then packs
+    decodes first, so that the prefills form the microbatch's tail, and returns the logits in item order.
     """
 
     def __init__(
@@ -144,6 +145,17 @@ class ModelRunner:
         Every item's request must already hold its pages in the cache's pool (`pages_for(S)` of them),
         and a decode must follow a prefill of the same block on this cache (or a KV transfer into it).
         """
+        if self.prefill is None:
+            return self._forward(items)
+        order = sorted(range(len(items)), key=lambda i: items[i].phase is Phase.PREFILL)  # stable
+        logits = self._forward([items[i] for i in order])
+        if order == sorted(order):
+            return logits
+        restore = torch.empty(len(order), dtype=torch.long)
+        restore[order] = torch.arange(len(order))
+        return logits[restore.to(logits.device)]
+
+    def _forward(self, items: Sequence[ForwardItem]) -> Tensor:
         tables = [self.cache.page_table(item.request_id) for item in items]
         shift, scratch = self.model.config.logit_shift, self.cache.scratch_page
         plan = plan_microbatch(items, tables, shift, scratch, self.model.device)

@@ -26,6 +26,7 @@ from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase, plan_microbatch
 from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention
 from executor.model.transformer import Transformer
+from executor.worker.engine import build_runner
 from sangam.hardware import BLOCK, pages_for
 from sangam.kv import PagePool
 
@@ -91,14 +92,18 @@ def stored(run: ModelRunner, items: list[ForwardItem], layer: int) -> Tensor:
     return torch.cat([x for i in items for x in gather_kv(kv, torch.tensor(table(i.request_id)), i.seq_len)])
 
 
-def decodes_then_prefills(model: Transformer, run: ModelRunner) -> tuple[list[ForwardItem], Tensor]:
-    """The engine's packing: two decodes (their blocks prefilled before), then two prefills; the logits."""
+ENGINE_PACKING = ((40, Phase.DECODE), (21, Phase.DECODE), (33, Phase.PREFILL), (70, Phase.PREFILL))
+
+
+def decodes_then_prefills(
+    model: Transformer, run: ModelRunner, shapes: tuple[tuple[int, Phase], ...] = ENGINE_PACKING
+) -> tuple[list[ForwardItem], Tensor]:
+    """A microbatch of these (prompt, phase) items, the engine's packing by default (two decodes, their
+    blocks prefilled before, then two prefills), and its logits."""
     config = model.config
     generator = torch.Generator().manual_seed(5)
     items = []
-    for rid, (prompt, phase) in enumerate(
-        [(40, Phase.DECODE), (21, Phase.DECODE), (33, Phase.PREFILL), (70, Phase.PREFILL)]
-    ):
+    for rid, (prompt, phase) in enumerate(shapes):
         ids = torch.randint(0, config.mask_id, (prompt,), generator=generator)
         tokens = torch.cat([ids, torch.full((64,), config.mask_id)])
         run.cache.pool.allocate(rid, pages_for(len(tokens)))
@@ -144,6 +149,27 @@ def test_over_fp8_pages_a_prefill_attends_over_its_unrounded_kv(
     # the pages still receive the K/V: bit for bit in the first layer (later ones see other attention)
     first = stored(fp8_run, items, 0).view(torch.uint8), stored(paged_run, items, 0).view(torch.uint8)
     assert torch.equal(*first) and first[0].any()
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_a_prefill_before_a_decode_attends_over_its_own_kv_and_logits_keep_item_order(family: Family) -> None:
+    model = random_model(tiny(family), dtype=torch.float32, seed=6, std=0.2)
+    shapes = ((33, Phase.PREFILL), (40, Phase.DECODE), (70, Phase.PREFILL), (21, Phase.DECODE))
+    _, exact = decodes_then_prefills(model, runner(model, torch.float32, own=False), shapes)
+    _, own = decodes_then_prefills(model, runner(model, FP8), shapes)
+    for prefill in (0, 2):  # unrounded K/V wherever the prefill sits, its logits at its own place
+        assert torch.allclose(own[prefill], exact[prefill], atol=ATOL)
+    for decode in (1, 3):  # over FP8 pages: within E4M3's rounding, and not another item's logits
+        assert 0 < relative_error(own[decode], exact[decode]) < 0.25  # measured 0.04-0.11; items differ by 1
+
+
+def test_the_engine_runner_attends_prefills_over_their_own_kv_over_fp8_pages_only() -> None:
+    model = random_model(tiny(Family.LLADA), dtype=torch.float32, seed=1)
+    for pages, own in ((FP8, True), (torch.float32, False)):
+        cache = PagedKVCache.for_model(PagePool(8), model.config, dtype=pages, device="cpu")
+        runner = build_runner(model, cache, cuda_graphs=False)
+        assert isinstance(runner, ModelRunner)
+        assert isinstance(runner.prefill, TorchPrefillAttention) == own and (runner.prefill is None) != own
 
 
 def test_prefills_attend_over_their_own_kv_over_fp8_pages_only() -> None:

@@ -2,12 +2,12 @@
 
 A prefill recomputes every position of its sequence (docs/design.md section 1: a block starts with a
 non-causal forward over all S tokens), so its queries attend to exactly the K/V rows this forward computed.
-Over FP8 pages `ModelRunner` still stores them in the pages (the block's decodes read them there) but hands
-the microbatch's trailing prefills (`MicrobatchPlan.prefill_tail`) to a `PrefillAttention` over the rows
-themselves: that avoids E4M3's rounding and FlashInfer's slow reads of FP8 pages (LLaDA-8B's 2,048-token
-prefill over FP8 pages on an H200: 37.8 ms read back, 34.1 ms over its own rows; one layer's attention 351
-against 187 us; docs/executor-performance.md "The sixth round"). Over bf16 pages prefills still read the
-pages back: exact, and as fast (53.6 against 53.4 ms).
+Over FP8 pages `ModelRunner` still stores them in the pages (the block's decodes read them there) but packs
+the decodes first and hands the prefills, the microbatch's tail (`MicrobatchPlan.prefill_tail`), to a
+`PrefillAttention` over the rows themselves: that avoids E4M3's rounding and FlashInfer's slow reads of FP8
+pages (LLaDA-8B's 2,048-token prefill over FP8 pages on an H200: 37.8 ms read back, 34.1 ms over its own
+rows; one layer's attention 351 against 187 us; docs/executor-performance.md "The sixth round"). Over bf16
+pages prefills still read the pages back: exact, and as fast (53.6 against 53.4 ms).
 
 `PrefillAttention` is planned once per microbatch with the tail's CSR row offsets and run once per layer:
 `TorchPrefillAttention` (one SDPA call per sequence; CPU and checks) and

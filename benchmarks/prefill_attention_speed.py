@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.executor_speed import time_ms
@@ -36,6 +35,7 @@ from executor.model.attention import AttentionLayout, indptr
 from executor.model.config import Family, full_size
 from executor.model.flashinfer_backend import FlashInferAttention, shared_workspace
 from executor.model.fp8 import FP8
+from executor.model.prefill_attention import TorchPrefillAttention
 from sangam.hardware import PAGE, pages_for
 
 CALLS = 10
@@ -97,30 +97,20 @@ def ragged(lengths: Sequence[int], heads: int, fa: str) -> Kernel:
 
 
 def sdpa(lengths: Sequence[int], backend: SDPBackend) -> Kernel:
+    attention = TorchPrefillAttention()
+    attention.plan(indptr(lengths))
+
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
-        row = 0
         with sdpa_kernel([backend]):
-            for length in lengths:
-                rows = slice(row, row + length)
-                o = F.scaled_dot_product_attention(
-                    *(x[rows].transpose(0, 1)[None] for x in (q, k, v)), enable_gqa=True
-                )
-                out[rows] = o[0].transpose(0, 1)
-                row += length
+            attention.run(q, k, v, out)
         return out
 
     return run
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-    out, row = torch.empty(q.shape, dtype=torch.float32, device=q.device), 0
-    for length in lengths:
-        rows = slice(row, row + length)
-        o = F.scaled_dot_product_attention(
-            *(x[rows].float().transpose(0, 1)[None] for x in (q, k, v)), enable_gqa=True
-        )
-        out[rows] = o[0].transpose(0, 1)
-        row += length
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    sdpa(lengths, SDPBackend.MATH)(q.float(), k.float(), v.float(), out)
     return out
 
 

@@ -34,7 +34,9 @@ from benchmarks.executor_speed import time_ms
 from executor.model.attention import AttentionLayout, indptr
 from executor.model.config import Family, full_size
 from executor.model.flashinfer_backend import FlashInferAttention, shared_workspace
+from executor.model.forward import SlotStore
 from executor.model.fp8 import FP8
+from executor.model.kv_cache import KVSlots
 from executor.model.prefill_attention import TorchPrefillAttention
 from sangam.hardware import PAGE, pages_for
 
@@ -45,22 +47,16 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], obje
 def pages_of(
     k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int], dtype: torch.dtype
 ) -> tuple[AttentionLayout, torch.Tensor]:
-    """The K/V rows stored in pages of `dtype` (consecutive pages per sequence) and their layout."""
-    tables, start = [], 0
+    """The K/V rows stored, as the executor stores them (`SlotStore`), in pages of `dtype` (consecutive
+    pages per sequence), and their layout."""
+    tables, slots, start = [], [], 0
     for length in lengths:
         tables.append(list(range(start, start + pages_for(length))))
+        slots.append(KVSlots.of(tables[-1], torch.arange(length, device=k.device)))
         start += pages_for(length)
-    kv = torch.zeros(start, 2, PAGE, k.shape[1], k.shape[2], dtype=k.dtype, device=k.device)
-    row = 0
-    for length, table in zip(lengths, tables, strict=True):
-        for side, values in ((0, k), (1, v)):
-            padded = torch.zeros(
-                len(table) * PAGE, *values.shape[1:], dtype=values.dtype, device=values.device
-            )
-            padded[:length] = values[row : row + length]
-            kv[table[0] : table[-1] + 1, side] = padded.view(len(table), PAGE, *values.shape[1:])
-        row += length
-    return AttentionLayout.build(lengths, lengths, tables), kv.to(dtype)
+    kv = torch.zeros(start, 2, PAGE, k.shape[1], k.shape[2], dtype=dtype, device=k.device)
+    SlotStore(KVSlots(torch.cat([s.pages for s in slots]), torch.cat([s.offsets for s in slots])))(kv, k, v)
+    return AttentionLayout.build(lengths, lengths, tables), kv
 
 
 def paged(lengths: Sequence[int], heads: int, kv_dtype: torch.dtype) -> Kernel:
@@ -156,10 +152,24 @@ def bench(family: Family, lengths: Sequence[int], generator: torch.Generator, sk
         )
 
 
+def lengths_of(text: str) -> list[int]:
+    """`--shapes`' one microbatch: positive sequence lengths, comma-separated."""
+    try:
+        lengths = [int(n) for n in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated positive lengths")
+    return lengths
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["llada", "dream"], choices=[f.value for f in Family])
-    parser.add_argument("--shapes", nargs="+", default=["2048", "512,1536", "4096"])
+    parser.add_argument(
+        "--shapes", nargs="+", type=lengths_of, default=[[2048], [512, 1536], [4096]],
+        help="one microbatch's sequence lengths, comma-separated (512,1536), per shape",
+    )  # fmt: skip
     parser.add_argument(
         "--skip", nargs="*", default=[], help="kernels to leave out (a name's first or last word)"
     )
@@ -173,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     for family in (Family(m) for m in args.models):
         for shape in args.shapes:
-            bench(family, [int(n) for n in shape.split(",")], generator, args.skip)
+            bench(family, shape, generator, args.skip)
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ class ModelRunner:
             return self._forward(items)
         order = sorted(range(len(items)), key=lambda i: items[i].phase is Phase.PREFILL)  # stable
         logits = self._forward([items[i] for i in order])
-        if order == sorted(order):
+        if order == list(range(len(items))):  # the engine's packing
             return logits
         restore = torch.empty(len(order), dtype=torch.long)
         restore[order] = torch.arange(len(order))
@@ -159,13 +159,14 @@ class ModelRunner:
         tables = [self.cache.page_table(item.request_id) for item in items]
         shift, scratch = self.model.config.logit_shift, self.cache.scratch_page
         plan = plan_microbatch(items, tables, shift, scratch, self.model.device)
-        tail = plan.prefill_tail if self.prefill is not None else None
-        if tail is None or self.prefill is None:
+        prefill, tail = self.prefill, plan.prefill_tail
+        if prefill is None or tail is None:
             self.backend.plan(plan.layout)
+            attend = PagedAttention(self.cache, self.backend, plan)
         else:
             if tail.items < len(items):
                 self.backend.plan(plan.layout.head(len(items) - tail.items))
-            self.prefill.plan(tail.indptr)
-        attend = PagedAttention(self.cache, self.backend, plan, self.prefill, tail)
+            prefill.plan(tail.indptr)
+            attend = PagedAttention(self.cache, self.backend, plan, prefill, tail)
         logits = self.model(plan.tokens, plan.positions, attend, plan.head_rows)
         return logits.view(len(items), BLOCK, -1)

@@ -13,8 +13,9 @@ outside the block, the dual cache keeps the values of the last prefill, exactly 
 `replace_position` does. This is exact, unlike reusing the first block position's own logit.
 
 A prefill's queries attend to exactly the K/V rows of its own span, so the prefills that end the
-microbatch (the engine packs decodes first) form a `PrefillTail` that can attend over those rows
-directly (`executor.model.prefill_attention`) while the items before it attend over their pages.
+microbatch (`ModelRunner` packs decodes first, as the engine does) form a `PrefillTail` that can attend
+over those rows directly (`executor.model.prefill_attention`) while the items before it attend over their
+pages.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ decode item's next step."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from torch import Tensor
 
 from executor.model.checkpoint import checkpoint_names
 from executor.model.config import Family, ModelConfig, tiny
+from executor.model.forward import ModelRunner
 from executor.model.microbatch import ForwardItem, Phase
 from executor.model.transformer import Transformer
-from sangam.hardware import BLOCK
+from sangam.hardware import BLOCK, pages_for
 
 
 def bits(kv: Tensor) -> Tensor:
@@ -145,3 +147,21 @@ def small_config(family: Family, head_dim: int = 128) -> ModelConfig:
     return reshaped(
         tiny(family), hidden=512, heads=4, kv_heads=kv_heads, head_dim=head_dim, intermediate=1024
     )
+
+
+def run_microbatch(
+    runner: ModelRunner, shapes: Sequence[tuple[int, Phase]], seed: int = 5
+) -> tuple[list[ForwardItem], Tensor]:
+    """One microbatch of (prompt, phase) items, each a random prompt and 64 masks, a decode's block
+    prefilled first, through `runner`: the items and their logits."""
+    config = runner.model.config
+    generator = torch.Generator().manual_seed(seed)
+    items = []
+    for rid, (prompt, phase) in enumerate(shapes):
+        ids = torch.randint(0, config.mask_id, (prompt,), generator=generator)
+        tokens = torch.cat([ids, torch.full((64,), config.mask_id)])
+        runner.cache.pool.allocate(rid, pages_for(len(tokens)))
+        if phase is Phase.DECODE:
+            runner.forward([ForwardItem(rid, Phase.PREFILL, tokens, prompt)])
+        items.append(ForwardItem(rid, phase, tokens, prompt))
+    return items, runner.forward(items)

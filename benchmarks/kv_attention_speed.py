@@ -13,9 +13,10 @@ queries cast to fp16 inside `run`, `flashinfer_backend.query_dtype`) and fp16 / 
 FlashInfer's Hopper (fa3) kernels, eagerly timed, for bf16 / bf16 and for FP8 queries over FP8 pages
 (scales 1), as a probe: the executor does not use them. `page` rows time `Fp8PageAttention` (the Triton
 kernel the decode graphs run over FP8 pages: bf16 queries, fp16 inside), graphed, at its defaults;
-`--page-sweep` adds a grid of its KV step, warps and splits (labelled `nN wW sS xK`). Each row gives us
-per call, the KV read rate (GB/s; bytes of the pages read) and the output's relative error against
-bf16 / bf16 over the same values (||o - o_ref|| / ||o_ref||). Only stdout is written.
+`--page-sweep` adds a grid of its packed query rows per program, KV step and splits (labelled
+`mM nN wW sS xK`). Each row gives us per call, the KV read rate (GB/s; bytes of the pages read) and
+the output's relative error against bf16 / bf16 over the same values (||o - o_ref|| / ||o_ref||).
+Only stdout is written.
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator, 
     page_rows(family, layout, q32.to(torch.bfloat16).cuda(), kv_by[FP8], reference, sweep)
 
 
-PAGE_CONFIGS = tuple((n, w, 3, x) for n in (64, 128) for w in (4, 8) for x in (1, 2, 4, 8))
+# (packed query rows a program holds, KV step, warps, stages, splits); 8 warps ran slower in every case
+# of an earlier sweep (docs/executor-performance.md, the fifth round)
+PAGE_CONFIGS = tuple((m, n, 4, 3, x) for m in (32, 64, 128) for n in (64, 128) for x in (1, 2, 4, 8))
 
 
 def page_rows(
@@ -143,17 +146,19 @@ def page_rows(
         shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
         max_pages=len(kv), device="cuda", multiprocessors=sms,
     )  # fmt: skip
-    settings = [(default.block_n, default.warps, default.stages, default.splits)]
+    settings = [(default.block_m, default.block_n, default.warps, default.stages, default.splits)]
     if sweep:
         settings += PAGE_CONFIGS
     kv_bytes = items * context * 2 * shape.kv_heads * shape.head_dim
-    for block_n, warps, stages, splits in dict.fromkeys(settings):
+    packed = shape.heads // shape.kv_heads * (len(q) // items)
+    for block_m, block_n, warps, stages, splits in dict.fromkeys(settings):
         attention = Fp8PageAttention(
             shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
             max_pages=len(kv), device="cuda", multiprocessors=sms, splits=splits,
         )  # fmt: skip
         attention.block_n, attention.warps, attention.stages = block_n, warps, stages
-        label = f"n{block_n} w{warps} s{stages} x{splits}"
+        attention.block_m, attention.m_tiles = block_m, -(-packed // block_m)
+        label = f"m{block_m} n{block_n} w{warps} s{stages} x{splits}"
         try:
             attention.plan(layout)
             us = graphed_ms(functools.partial(attention.run, q, kv), calls=CALLS) * 1e3

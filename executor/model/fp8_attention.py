@@ -30,6 +30,7 @@ from sangam.hardware import PAGE
 
 STAGES = 3  # software-pipelined KV loads in flight
 PROGRAMS_PER_SM = 1  # split KV until the grid holds this many programs per multiprocessor
+MIN_BLOCK_M = 64  # packed query rows a program holds, at least
 
 
 @triton.jit
@@ -165,14 +166,16 @@ class Fp8PageAttention:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.items, self.rows = items, rows
         packed = heads // kv_heads * rows
-        self.block_m = min(128, max(16, triton.next_power_of_2(packed)))
+        # at least 64 rows, padded: Triton then multiplies on Hopper's warpgroup MMA, LLaDA's 32 rows a head
+        # 10% faster with no other change (`benchmarks/kv_attention_speed.py`, docs/executor-performance.md)
+        self.block_m = min(128, max(MIN_BLOCK_M, triton.next_power_of_2(packed)))
         self.m_tiles = -(-packed // self.block_m)
         self.splits = splits or kv_splits(items, kv_heads * self.m_tiles, multiprocessors)
         if self.splits & (self.splits - 1) or not 1 <= self.splits <= 16:
             raise ValueError(f"splits must be a power of 2 from 1 to 16, not {self.splits}")
         # the fastest on an H200 (`benchmarks/kv_attention_speed.py --page-sweep` sweeps these): 128 KV
         # positions a step for one query head's 32 rows (LLaDA), 64 for a GQA group's 231 (Dream)
-        self.block_n, self.warps, self.stages = (128 if self.block_m <= 32 else 64), 4, STAGES
+        self.block_n, self.warps, self.stages = (128 if packed <= 64 else 64), 4, STAGES
         device = torch.device(device)
 
         def int32(length: int) -> Tensor:

@@ -20,8 +20,8 @@ COLOCATED = {
     # reports were simulated on the FP8 profiles of their day, profiles/data/h200-fp8-kvfp8 at fe3c27d for
     # validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for ...-fp8-seed1[34].json, at fa1e503 for
     # ...-fp8-[345]-seed1[34].json and at 054519f for ...-fp8-6-seed1[34].json
-    "validate-llada-8b-h200-colocated-fp8-7-seed13.json": "live-colocated-fp8-llada-8b-h200-7/seed13",
-    "validate-llada-8b-h200-colocated-fp8-7-seed14.json": "live-colocated-fp8-llada-8b-h200-7/seed14",
+    "validate-llada-8b-h200-colocated-fp8-8-seed13.json": "live-colocated-fp8-llada-8b-h200-8/seed13",
+    "validate-llada-8b-h200-colocated-fp8-8-seed14.json": "live-colocated-fp8-llada-8b-h200-8/seed14",
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

@@ -224,11 +224,6 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
     return model
 
 
-def quantized(model: nn.Module) -> bool:
-    """Whether any of the model's linear layers is an `Fp8Linear`."""
-    return any(isinstance(module, Fp8Linear) for module in model.modules())
-
-
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers (what a worker's weights take on its device)."""
     tensors = [*model.parameters(), *model.buffers()]

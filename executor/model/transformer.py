@@ -96,18 +96,10 @@ class Transformer(nn.Module):
 
         The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
         """
-        return self.head(*self.body(tokens, positions, attend), head_rows)
-
-    def body(self, tokens: Tensor, positions: Tensor, attend: LayerAttention) -> tuple[Tensor, Tensor]:
-        """Every layer over `tokens` (T,): the last layer's MLP output and the residual stream it adds to."""
         rope = Rotary(positions, self.config.shape.head_dim, self.config.rope_theta)
         delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend)
         for index in range(1, len(self.layers)):
             delta, residual = self.layers[index](delta, residual, rope, index, attend)
-        return delta, residual
-
-    def head(self, delta: Tensor, residual: Tensor, head_rows: Tensor) -> Tensor:
-        """Logits at packed rows `head_rows` of the body's output."""
         return self.lm_head(self.norm.add_norm(delta[head_rows], residual[head_rows])[0])
 
     @property

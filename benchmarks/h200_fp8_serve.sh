@@ -43,12 +43,14 @@
 # when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
 # then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
 # by the same code, or the modules it lacks are built in the jit step each call.
+# SEEDS may name a seed twice: its second run goes to validate/seedS-again/ (how far one live run repeats).
+# SMI=1 logs the card's clocks, power, temperature and throttle reasons every 500 ms to smi.csv.
 # DRY=1: the same sequence on this CPU machine: tiny-llada CPU workers, the profile through
 # benchmarks.dry_profile (the tiny twin, 1 repeat), 8 requests, GPU tests collected and skipped.
 # Then, here: the simulator half of validate and the shipped testbed (docs/executor-performance.md).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-DRY=${DRY:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}; WHEELS=${WHEELS:-.whl}
+DRY=${DRY:-0}; SMI=${SMI:-0}; BUDGET=${BUDGET:-550}; TESTS_ALL=${TESTS_ALL:-0}; SEEDS=${SEEDS:-13}; WHEELS=${WHEELS:-.whl}
 STEPS=${STEPS:-jit profile testbed search live dream serve tests}; QPS=${QPS:-}; SPEED_MODELS=${SPEED_MODELS:-llada}
 OUT=${OUT:-/tmp/h200-fp8-serve-out}
 SLO=p99_e2el_s=20
@@ -88,6 +90,10 @@ else
 fi
 if [[ $DRY != 1 ]]; then
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
+    # the card's clocks, power, temperature and throttle reasons through the call, every 500 ms
+    [[ $SMI == 1 ]] && nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu,temperature.gpu,clocks_event_reasons.active \
+        --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
+    [[ $SMI == 1 ]] && SMI_PID=$!
     JIT_PARTS=$(ls .jit/fi-cache.tgz.part-* 2>/dev/null)
     [[ -n $JIT_PARTS ]] && mkdir -p ~/.cache && cat $JIT_PARTS | tar xz -C ~/.cache
     [[ -f .jit/triton-cache.tgz ]] && tar xzf .jit/triton-cache.tgz -C ~  # our Triton kernels, compiled
@@ -139,6 +145,7 @@ fi
 if [[ -n $QPS ]]; then
     for SEED in $SEEDS; do
         RUN="$OUT/validate/seed$SEED/live-qps$QPS"
+        [[ -e $RUN ]] && RUN="$OUT/validate/seed$SEED-again/live-qps$QPS"  # a seed repeated: its run again
         step "live-seed$SEED" 220 python3 -m cli.main live --mode colocated "${PLACE[@]}" --gpu h200 "${FP8[@]}" \
             --seed "$SEED" --num-requests "$REQUESTS" --qps "$QPS" --out "$RUN" --iteration-log "$RUN/iterations.csv"
     done
@@ -171,8 +178,8 @@ print("GPU tests:", {k: s.get(k) for k in ("tests", "failures", "errors", "skipp
     grep -h "MAPE" "$LOG"
     [[ -f $OUT/search-bf16.csv ]] && echo "capacity bf16 (sangam-h200): $(capacity "$OUT/search-bf16.csv") QPS at $SLO"
     [[ -f $OUT/search-fp8.csv ]] && echo "capacity FP8 (sangam-h200-fp8-call, FP8 KV): $(capacity "$OUT/search-fp8.csv") QPS at $SLO"
-    for SEED in $SEEDS; do
-        RUN="$OUT/validate/seed$SEED/live-qps$QPS"
+    for RUN in "$OUT"/validate/seed*/live-qps$QPS; do
+        SEED=$(basename "$(dirname "$RUN")"); SEED=${SEED#seed}
         [[ -n $QPS && -f $RUN/summary.json ]] && python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))
 done, mean, p99, pages = s["completed"], s["mean_e2el_ms"] / 1e3, s["p99_e2el_ms"] / 1e3, s["config"]["kv_pages"]
@@ -192,5 +199,6 @@ PARTS=(); for d in profile testbed; do [[ -d $OUT/$d ]] && PARTS+=("$d"); done
 (( ${#PARTS[@]} )) && tar czf "$OUT/profile.tgz" -C "$OUT" "${PARTS[@]}" && rm -rf "$OUT/profile" "$OUT/testbed"
 [[ -d $OUT/validate ]] && tar czf "$OUT/validate.tgz" -C "$OUT" validate && rm -rf "$OUT/validate"
 [[ -n $(ls "$OUT"/fi-cache.tgz.part-* 2>/dev/null) ]] && rm -f "$OUT/summary.txt"  # the summary ends steps.log
+[[ -n ${SMI_PID:-} ]] && kill "$SMI_PID"
 say "done after $SECONDS s"
 ls -la "$OUT" | tee -a "$LOG"

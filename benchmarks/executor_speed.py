@@ -17,7 +17,9 @@ as the worker is), next to its roofline bound max(FLOPs / 790 TFLOP/s, bytes / 4
     bytes = body and LM-head weights once (bf16) + per decode item its KV read (KV length * KV bytes per
             token), per prefill its KV written.
 
-With `--quantization fp8` the body's linear layers run in FP8 (`executor.model.fp8`): their weights count
+With `--quantization fp8` the body's linear layers run in FP8 (`executor.model.fp8`), and, as a worker serves
+them, prefills and other eager forwards replay the body from piecewise CUDA graphs
+(`executor.model.piecewise_graphs`; `--eager-bodies` runs them eagerly). The linear weights count
 one byte each and their FLOPs run at FP8_SPEEDUP times the bf16 rate in the bound (LM head and attention
 stay bf16). With `--kv-cache-dtype fp8` the paged KV is E4M3 (FlashInfer's fa2 kernels read it), its
 bytes count one per element in the bound, and the rows' weights column reads `<quant>+kv8`. Each (model,
@@ -58,6 +60,7 @@ from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
+from executor.model.piecewise_graphs import PiecewiseGraphs
 from executor.model.prefill_attention import make_prefill_attention
 from sangam.hardware import BLOCK, GPUS, KV_DTYPE_BYTES, ModelSpec, pages_for
 from sangam.kv import PagePool
@@ -250,7 +253,11 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     backend = make_backend(device, config, dtype=dtype, kv_dtype=kv_dtype)
     assert isinstance(backend, FlashInferAttention), "the benchmark measures FlashInfer attention"
     prefill = None if args.paged_prefill else make_prefill_attention(device, config, dtype, kv_dtype)
-    runner = ModelRunner(model, cache, backend, prefill)
+    # as a worker serves FP8 weights: the eager forwards' bodies from piecewise graphs
+    pieces = PiecewiseGraphs(model) if quant != "bf16" and not args.eager_bodies else None
+    if pieces is not None:
+        print(f"# {family.value}: piecewise graphs captured in {pieces.capture_seconds:.1f} s", flush=True)
+    runner = ModelRunner(model, cache, backend, prefill, pieces)
     pool, rows = cache.pool, []
 
     def add(phase: str, size: int, ctx: int, graphs: str, ms: float, error: float | None = None) -> None:
@@ -525,6 +532,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--paged-prefill",
         action="store_true",
         help="prefills over FP8 pages read them back, not their own K/V rows",
+    )
+    parser.add_argument(
+        "--eager-bodies",
+        action="store_true",
+        help="FP8 forwards other than the decode graphs run eagerly, not from piecewise graphs",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--table", metavar="FILE", help="print the rows of an earlier --json FILE (no GPU)")

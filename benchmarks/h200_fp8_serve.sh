@@ -29,7 +29,8 @@
 #            not in the default STEPS, nor DRY;
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
-#   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py and test_flashinfer_gpu.py (-m gpu), then test_fp8_gpu.py if
+#   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py, test_flashinfer_gpu.py and
+#            test_piecewise_graphs_gpu.py (-m gpu), then test_fp8_gpu.py if
 #            TESTS_ALL=1.
 # STEPS (default: all but speed, pages and prefill) names the steps to run, in this order: jit pages prefill profile testbed
 # search live speed dream serve tests (the tests last: one that times out leaves processes behind that would disturb a
@@ -163,7 +164,8 @@ step dream 150 "${PROFILE[@]}" "${DREAM[@]}" --gpu h200 "${FP8[@]}" --out "$OUT/
 step serve 120 python3 -m benchmarks.checkpoint_serve chat --max-tokens 64 128 --log /tmp/serve-fp8.log \
     --json "$OUT/chat.json" -- "${PLACE[@]}" --gpu h200 "${FP8[@]}" --mask-len 128
 
-GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_fp8_attention_gpu.py tests/executor/test_flashinfer_gpu.py)
+GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_fp8_attention_gpu.py tests/executor/test_flashinfer_gpu.py
+    tests/executor/test_piecewise_graphs_gpu.py)
 [[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
 step tests 150 python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
     --junit-xml=/tmp/fp8-tests.xml

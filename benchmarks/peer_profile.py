@@ -10,10 +10,10 @@ runs in its own process, with none of our packages importable:
 
 `probe` drives the shared `ref_probe.py` (which builds the reference's own model, KV pool, packing,
 FlashInfer plans, CUDA graphs and sampler, and times `ColocatedWorkerServicer._do_run_mixed_iteration_local`)
-with two changes made from outside: the shapes are our grid's, and every timed call follows the same filler
-of serving-like work that `calib.profile_runner` runs before each of our timed steps (one 1024-token
-prefill, then four one-decode steps at context 1819), so both executors meet each shape in the
-same GPU power state.
+with two changes made from outside: the shapes are our grid's, and every timed call follows a filler
+of serving-like work (one 1024-token prefill, then four one-decode steps at context 1819: the filler
+`calib.profile_runner` ran before each of our timed steps up to 2026-12-04; ours is now mostly mixed steps,
+which the reference's probe does not build), so both executors meet each shape in a like GPU power state.
 `store` writes `<out>/<model>.csv` (our profile format: items, seconds) and `<out>/<model>.meta.json`;
 `compare --ours A.csv --reference B.csv` prints the reference's time over ours per kind of shape.
 `benchmarks/h200_peer.sh` runs the steps on the H200, ours and the reference's in the same call.

@@ -6,11 +6,14 @@ and takes the median wall time of the timed repeats after warm-up: exactly the i
 live worker runs, host work included. Decodes are seated with pages of their own (their KV
 content does not change the time); prefills run for real.
 
-Every timed step follows a `FILLER` of serving-like work (a prefill, then one-decode steps), so the
-GPU meets each shape in the power state serving puts it in. Timed back to back instead, a shape
-runs at the clock its own power draw allows: on an H200 (700 W cap), LLaDA-8B's 2048-token prefill
-took 55.8 ms back to back (SM clock 1.56 GHz) against 50.1 ms between decodes (1.84 GHz), while a
-one-decode step took 6.5 ms back to back against 6.7 ms between prefills.
+Every timed step follows a `FILLER` of serving-like work, so the GPU meets each shape in the power state
+serving puts it in. Timed back to back instead, a shape runs at the clock its own power draw allows: on
+an H200 (700 W cap), LLaDA-8B's 2048-token prefill took 55.8 ms back to back (SM clock 1.56 GHz) against
+50.1 ms between decodes (1.84 GHz), while a one-decode step took 6.5 ms back to back against 6.7 ms between
+prefills. The filler is what a worker near its capacity runs: mostly prefills with decodes riding along,
+between decode steps of a few items. A lighter one (a prefill, then four one-decode steps) left the H200 at
+its power cap in 54% of the profile's busy samples, against 97% in the live runs at 80% of capacity, and at
+a median SM clock of 1.97 GHz against 1.89-1.92 (`nvidia-smi` every 500 ms, docs/executor-performance.md).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from sangam.request import Request
 PREFILLS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (256, 1024, 1819, 3072, 4608)
-FILLER = (Shape((1024,), ()), *[Shape((), (1819,))] * 4)  # about half prefill, half decode time
+FILLER = (Shape((1536,), (1819,) * 3), *[Shape((), (1819,) * 4)] * 2)  # about 70% of the time mixed
 
 
 def grid(capacity: int) -> list[Shape]:

@@ -17,7 +17,9 @@ from runs.options import add_options, collect, option
 @dataclass(frozen=True, slots=True)
 class ProfileOptions:
     weights: str = option("random", "'random' or a local Hugging Face checkpoint directory")
-    cuda_graphs: bool = option(True, "time decode-only iterations replayed from CUDA graphs")
+    cuda_graphs: bool = option(
+        True, "time decode-only iterations (and FP8 models' other bodies, in pieces) from CUDA graphs"
+    )
     repeats: int = option(5, "timed repeats per iteration shape", parse=positive_int)
     from_log: tuple[Path, ...] = option(
         (), "refit from live iteration logs (sangam live --iteration-log) instead of measuring, into the "

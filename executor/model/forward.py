@@ -14,6 +14,7 @@ from executor.model.fp8 import FP8, FP8_MAX, fp8_page_kernels
 from executor.model.kv_cache import KVSlots, PagedKVCache, as_bits
 from executor.model.layers import fused_kernels
 from executor.model.microbatch import ForwardItem, MicrobatchPlan, Phase, PrefillTail, plan_microbatch
+from executor.model.piecewise_graphs import PiecewiseGraphs
 from executor.model.prefill_attention import PrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE
@@ -126,6 +127,8 @@ class ModelRunner:
     `backend` attends over the pages; `prefill`, when given, attends every prefill over its own K/V
     (`executor.model.prefill_attention`; without it they read their pages back): the forward then packs
     decodes first, so that the prefills form the microbatch's tail, and returns the logits in item order.
+    With `pieces` the model body runs from its CUDA graphs where a bucket holds the microbatch
+    (`executor.model.piecewise_graphs`).
     """
 
     def __init__(
@@ -134,9 +137,10 @@ class ModelRunner:
         cache: PagedKVCache,
         backend: AttentionBackend,
         prefill: PrefillAttention | None = None,
+        pieces: PiecewiseGraphs | None = None,
     ) -> None:
         self.model, self.cache, self.backend = model, cache, backend
-        self.prefill = prefill
+        self.prefill, self.pieces = prefill, pieces
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem]) -> Tensor:
@@ -168,5 +172,7 @@ class ModelRunner:
                 self.backend.plan(plan.layout.head(len(items) - tail.items))
             prefill.plan(tail.indptr)
             attend = PagedAttention(self.cache, self.backend, plan, prefill, tail)
-        logits = self.model(plan.tokens, plan.positions, attend, plan.head_rows)
-        return logits.view(len(items), BLOCK, -1)
+        body = self.pieces.run(plan.tokens, plan.positions, attend) if self.pieces is not None else None
+        if body is None:
+            body = self.model.body(plan.tokens, plan.positions, attend)
+        return self.model.head(*body, plan.head_rows).view(len(items), BLOCK, -1)

@@ -177,32 +177,38 @@ class Fp8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(weight, scale, bias)
 
-    def forward(self, x: Tensor | Fp8Rows) -> Tensor:
+    def forward(self, x: Tensor | Fp8Rows, out: Tensor | None = None) -> Tensor:
+        """The product of `x` (.., K), or of rows quantized before; `out`, rows (M, N) to write it into."""
         if isinstance(x, Fp8Rows):  # quantized by the norm before this layer
-            return self.gemm(x.values, x.scale, x.dtype)
+            return self.gemm(x.values, x.scale, x.dtype, out)
         shape = x.shape
         values, scale = quantize_rows(x.reshape(-1, shape[-1]))
-        return self.gemm(values, scale, x.dtype).view(*shape[:-1], self.out_features)
+        return self.gemm(values, scale, x.dtype, out).view(*shape[:-1], self.out_features)
 
     def forward_silu_mul(self, gate_up: Tensor) -> Tensor:
         """This layer applied to silu(gate) * up of `gate_up` (M, 2 * in_features), one quantizing kernel."""
         values, scale = silu_mul_quantize_rows(gate_up)
         return self.gemm(values, scale, gate_up.dtype)
 
-    def gemm(self, values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-        """(M, N) in `dtype` from quantized rows (M, K) and their scales (M, 1), plus the bias."""
+    def gemm(self, values: Tensor, scale: Tensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+        """(M, N) in `dtype` from quantized rows (M, K) and their scales (M, 1), plus the bias; written into
+        `out` (M, N) when given."""
         if scaled_gemm_ok(values.device, dtype):
-            out = torch._scaled_mm(
+            product = torch._scaled_mm(
                 values,
                 self.weight.t(),
                 scale_a=scale,
                 scale_b=self.weight_scale,
                 out_dtype=dtype,
                 use_fast_accum=FAST_ACCUM,
+                **({} if out is None else {"out": out}),
             )
         else:  # reference: dequantize both sides, multiply in the activation dtype
             weight = dequantize(self.weight, self.weight_scale.t(), dtype)
-            out = dequantize(values, scale, dtype) @ weight.t()
+            product = dequantize(values, scale, dtype) @ weight.t()
+            if out is not None:
+                product = out.copy_(product)
+        out = product
         if self.bias is not None:
             out = out.add_(self.bias)
         return out
@@ -222,6 +228,11 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
             parent, _, attr = name.rpartition(".")
             setattr(layers.get_submodule(parent) if parent else layers, attr, Fp8Linear.from_linear(module))
     return model
+
+
+def quantized(model: nn.Module) -> bool:
+    """Whether any of the model's linear layers is an `Fp8Linear`."""
+    return any(isinstance(module, Fp8Linear) for module in model.modules())
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -29,12 +29,21 @@ class SelfAttention(nn.Module):
         super().__init__()
         shape = config.shape
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
-        self.qkv = nn.Linear(shape.hidden, shape.qkv_width, bias=shape.qkv_bias)
+        self.qkv: nn.Module = nn.Linear(shape.hidden, shape.qkv_width, bias=shape.qkv_bias)  # or an Fp8Linear
         self.out = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
-    def forward(self, x: Tensor | Fp8Rows, rope: Rotary, layer: int, attend: LayerAttention) -> Tensor:
+    def forward(
+        self, x: Tensor | Fp8Rows, rope: Rotary, layer: int, attend: LayerAttention, qkv: Tensor | None = None
+    ) -> Tensor:
+        """`qkv`: rows (T, qkv_width) the q/k/v projection writes into (piecewise graphs' static rows)."""
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
+        if qkv is None:
+            qkv = self.qkv(x)
+        elif isinstance(self.qkv, Fp8Linear):
+            self.qkv(x, out=qkv)
+        else:
+            qkv.copy_(self.qkv(x))
+        q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
         q, k = rope(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim))
         v = v.view(-1, self.kv_heads, self.head_dim)
         return self.out(attend(layer, q, k, v).flatten(1))
@@ -58,11 +67,17 @@ class Layer(nn.Module):
         self.mlp = SwiGLU(hidden, config.shape.intermediate)
 
     def forward(
-        self, delta: Tensor | None, residual: Tensor, rope: Rotary, layer: int, attend: LayerAttention
+        self,
+        delta: Tensor | None,
+        residual: Tensor,
+        rope: Rotary,
+        layer: int,
+        attend: LayerAttention,
+        qkv: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(this block's MLP output, the stream it adds to) from the last block's and its stream."""
         normed, residual = _add_norm(self.attn_norm, self.attn.qkv, delta, residual)
-        attended = self.attn(normed, rope, layer, attend)
+        attended = self.attn(normed, rope, layer, attend, qkv)
         normed, residual = _add_norm(self.mlp_norm, self.mlp.gate_up, attended, residual)
         return self.mlp(normed), residual
 
@@ -96,10 +111,22 @@ class Transformer(nn.Module):
 
         The head runs only on `head_rows`; the caller picks them (block positions, shifted for Dream).
         """
+        return self.head(*self.body(tokens, positions, attend), head_rows)
+
+    def body(
+        self, tokens: Tensor, positions: Tensor, attend: LayerAttention, qkv: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Every layer over `tokens` (T,): the last layer's MLP output and the residual stream it adds to.
+        `qkv` (T, qkv_width), when given, holds each layer's q/k/v projection in turn (RoPE applied in place
+        where the fused kernel serves)."""
         rope = Rotary(positions, self.config.shape.head_dim, self.config.rope_theta)
-        delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend)
+        delta, residual = self.layers[0](None, self.embed(tokens), rope, 0, attend, qkv)
         for index in range(1, len(self.layers)):
-            delta, residual = self.layers[index](delta, residual, rope, index, attend)
+            delta, residual = self.layers[index](delta, residual, rope, index, attend, qkv)
+        return delta, residual
+
+    def head(self, delta: Tensor, residual: Tensor, head_rows: Tensor) -> Tensor:
+        """Logits at packed rows `head_rows` of the body's output."""
         return self.lm_head(self.norm.add_norm(delta[head_rows], residual[head_rows])[0])
 
     @property

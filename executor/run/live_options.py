@@ -70,7 +70,9 @@ class LiveOptions:
         default_text="what the model documents: LLaDA 4096, Dream 2048",
     )  # fmt: skip
     threads: int = option(1, "torch CPU threads per worker", parse=positive_int)
-    cuda_graphs: bool = option(True, "replay decode-only iterations from CUDA graphs (GPU workers)")
+    cuda_graphs: bool = option(
+        True, "replay decode-only iterations (and FP8 models' other bodies, in pieces) from CUDA graphs"
+    )
     quantization: str | None = option(
         None, "quantize the linear layers at load (vLLM's flag): fp8 stores q/k/v/o and MLP weights in "
         "FP8 E4M3 with per-output-channel scales and quantizes activations per token, on Hopper's FP8 GEMMs "

@@ -42,7 +42,7 @@ from executor.control.messages import (
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, full_size, tiny
 from executor.model.forward import ModelRunner
-from executor.model.fp8 import quantize_model, scaled_gemm_ok
+from executor.model.fp8 import quantize_model, quantized, scaled_gemm_ok
 from executor.model.kv_cache import PagedKVCache
 from executor.model.live_models import lookup_live_model
 from executor.model.loading import load_checkpoint, random_model
@@ -339,7 +339,8 @@ def build_model(
 
 
 def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) -> Runner:
-    """The torch backend on CPU; on CUDA FlashInfer (when installed) and decode CUDA graphs."""
+    """The torch backend on CPU; on CUDA FlashInfer (when installed), decode CUDA graphs and, for FP8
+    weights, the body of other microbatches from piecewise graphs (`executor.model.piecewise_graphs`)."""
     kv_dtype = cache.layers[0].dtype
     prefill = make_prefill_attention(model.device, model.config, model.dtype, kv_dtype)
     if model.device.type != "cuda":
@@ -350,9 +351,13 @@ def build_runner(model: Transformer, cache: PagedKVCache, *, cuda_graphs: bool) 
         head_dims = (model.config.shape.head_dim,)
         warm_up_kernels(model.device, dtype=model.dtype, kv_dtype=kv_dtype, head_dims=head_dims)
     backend = make_backend(model.device, model.config, dtype=model.dtype, kv_dtype=kv_dtype)
-    runner = ModelRunner(model, cache, backend, prefill)
     if not cuda_graphs or not supports(model.device, model.dtype, kv_dtype):
-        return runner
+        return ModelRunner(model, cache, backend, prefill)
     from executor.model.cuda_graphs import GraphedModelRunner
+    from executor.model.piecewise_graphs import PiecewiseGraphs
 
+    # an eager FP8 forward's launches take longer than a small one's kernels: its body replays from graphs
+    fp8 = quantized(model) and scaled_gemm_ok(model.device, model.dtype)
+    pieces = PiecewiseGraphs(model) if fp8 else None
+    runner = ModelRunner(model, cache, backend, prefill, pieces)
     return GraphedModelRunner(runner)  # takes its padding pages from the pool now

@@ -54,6 +54,9 @@ def grid(capacity: int) -> list[Shape]:
     shapes += [Shape((), (c,) * b) for b in BATCHES for c in CONTEXTS]
     shapes += [Shape((), (300, 4000) * (b // 2)) for b in (4, 16, 48)]
     shapes += [Shape((s,), (1819,) * b) for b in (1, 4, 8, 16, 32) for s in (1024, 2048, 4096)]
+    # a worker near capacity mixes a prefill with a few decodes of any context: the mixed steps' context terms
+    shapes += [Shape((s,), (c,) * b) for s in (1536, 3072) for b in (2, 6) for c in (1024, 3072)]
+    shapes += [Shape((s,), (300, 4000) * (b // 2)) for s in (1024, 2048) for b in (2, 4)]
     shapes += [Shape((1819, 1819), (1819,) * b) for b in (4, 16)]
     return [s for s in shapes if sum(pages_for(n) for n in (*s.prefills, *s.decodes)) <= capacity]
 

@@ -298,7 +298,7 @@ def test_peer_profile_builds_the_references_dream(reference: Path, tmp_path: Pat
     printed = _run_reference(reference, args, True, tmp_path)
     assert "DRY RUN OK" in printed
     assert "'model_class': 'DreamModel'" in printed and "'num_kv_heads': 1" in printed
-    assert "94 shapes planned" in printed
+    assert "106 shapes planned" in printed
 
 
 def _scheduler_deps(src: Path) -> list[str]:

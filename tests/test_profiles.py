@@ -23,7 +23,6 @@ TRUE = Coefficients(
     per_item=4e-5,
     per_graph_item=-1e-5,
     per_mixed_decode=6e-4,
-    per_mixed=2e-3,
     per_token=2e-5,
     per_square=1e-9,
     per_context=1.7e-7,

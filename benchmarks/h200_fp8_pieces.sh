@@ -21,5 +21,5 @@ for M in ${SPEEDS-pieces eager}; do
         >> "$A/steps.log" 2>&1
     echo "[$(date -u +%H:%M:%S)] speed $M: exit $?" >> "$A/steps.log"
 done
-WHEELS=.whlv BUDGET=${BUDGET_B:-120} STEPS="tests" OUT=$B bash benchmarks/h200_fp8_serve.sh > /dev/null 2>&1
+WHEELS=.whlv BUDGET=${BUDGET_B:-320} STEPS="tests" OUT=$B bash benchmarks/h200_fp8_serve.sh > /dev/null 2>&1
 grep -v "^\s*$" "$A/steps.log" | tail -60; tail -6 "$B/steps.log"

@@ -77,7 +77,7 @@ class Row:
     phase: str  # prefill | decode
     size: int  # S for a prefill, B for a decode
     context: int  # KV length each item attends to
-    graphs: str  # "-" (prefill), "off", "on"
+    graphs: str  # "-" (prefill), "off" (no decode graph; FP8: the body from piecewise graphs), "on"
     fused: bool  # FlashInfer RMSNorm / SiLU-and-mul / RoPE
     ms: float
     flops: float
@@ -346,12 +346,11 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
     # the bf16 noise floor of this random-weight model: the same decode with torch attention
     items = decodes[: min(4, max_batch)]
     noise = relative_error(runner.forward(items), ModelRunner(model, cache, TorchAttention()).forward(items))
-    print(
-        f"# {family.value}: decode B={len(items)} logits, FlashInfer vs torch attention (eager): {noise:.1e}"
-    )
+    print(f"# {family.value}: decode B={len(items)} logits, FlashInfer vs torch attention: {noise:.1e}")
 
     if args.compare_unfused:  # the same model with the torch norm / activation / RoPE code
         layers.FUSED_KERNELS = False
+        runner.pieces, pieces = None, runner.pieces  # captured with the fused kernels: eager bodies here
         try:
             add("prefill", 2048, 2048, "-", prefill(2048))
             for size in (1, 8):
@@ -363,6 +362,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
                     add("decode", size, context, "on", replayed(graphed, decodes[:size], 2))
         finally:
             layers.FUSED_KERNELS = True
+            runner.pieces = pieces
             if graphed is not None:
                 graphed.close()
                 graphed = GraphedModelRunner(runner, buckets=args.profile) if args.profile else None

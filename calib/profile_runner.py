@@ -12,7 +12,7 @@ an H200 (700 W cap), LLaDA-8B's 2048-token prefill took 55.8 ms back to back (SM
 50.1 ms between decodes (1.84 GHz), while a one-decode step took 6.5 ms back to back against 6.7 ms between
 prefills. The filler is what a worker near its capacity runs: mostly prefills with decodes riding along,
 between decode steps of a few items. A lighter one (a prefill, then four one-decode steps) left the H200 at
-its power cap in 54% of the profile's busy samples, against 97% in the live runs at 80% of capacity, and at
+its power cap in 54% of the profile's busy samples, against 96-99% in the live runs at 80% of capacity, and at
 a median SM clock of 1.97 GHz against 1.89-1.92 (`nvidia-smi` every 500 ms, docs/executor-performance.md).
 """
 

@@ -46,8 +46,8 @@ class PiecewiseGraphs:
     """The body of `model` captured per bucket of `buckets` rows (multiples of `ROWS`), largest first.
 
     `run(tokens, positions, attend)` replays the smallest bucket holding the microbatch, attention eager
-    between the graphs, and returns the body's output rows (delta, residual) as `Transformer.body` does; it
-    returns None when no bucket holds it.
+    between the graphs, and returns the body's output rows (delta, residual) as `Transformer.body` does, as
+    views of static rows that the next `run` overwrites; it returns None when no bucket holds it.
     """
 
     def __init__(self, model: Transformer, buckets: Sequence[int] | None = None) -> None:

@@ -5,9 +5,12 @@ calls, against the same model's eager forward
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from executor_helpers import relative_error, run_microbatch, small_config
+from torch import Tensor
 
 from executor.model.config import Family
 from executor.model.flashinfer_backend import flashinfer_available, make_backend
@@ -41,6 +44,20 @@ def fp8_model(family: Family) -> Transformer:
     return model
 
 
+def counted(pieces: PiecewiseGraphs) -> list[bool]:
+    """Whether each of the later `pieces.run` calls replayed its graphs (False: no bucket held it)."""
+    replays: list[bool] = []
+    run = pieces.run
+
+    def counting(*args: Any) -> tuple[Tensor, Tensor] | None:
+        body = run(*args)
+        replays.append(body is not None)
+        return body
+
+    pieces.run = counting  # type: ignore[method-assign]
+    return replays
+
+
 def runner(model: Transformer, pieces: PiecewiseGraphs | None, kv_dtype: torch.dtype = FP8) -> ModelRunner:
     config = model.config
     cache = PagedKVCache.for_model(PagePool(512), config, dtype=kv_dtype, device="cuda")
@@ -56,8 +73,10 @@ def test_padded_microbatches_from_the_graphs_match_the_eager_forward(
 ) -> None:
     model = fp8_model(family)
     pieces = PiecewiseGraphs(model, buckets=(128, 512, 2048))
+    replays = counted(pieces)
     _, eager = run_microbatch(runner(model, None, kv_dtype), MIXED)
     _, graphed = run_microbatch(runner(model, pieces, kv_dtype), MIXED)
+    assert replays and all(replays)  # the decodes' own prefills and the microbatch, each from a bucket
     for item in range(len(MIXED)):  # a padded GEMM may sum in another order: bf16 roundoff only
         assert relative_error(graphed[item], eager[item]) < 1e-2
 
@@ -65,11 +84,13 @@ def test_padded_microbatches_from_the_graphs_match_the_eager_forward(
 def test_an_unpadded_prefill_is_bit_identical_and_one_past_the_buckets_runs_eagerly() -> None:
     model = fp8_model(Family.LLADA)
     pieces = PiecewiseGraphs(model, buckets=(128, 384))
+    replays = counted(pieces)
     for prompt in (320, 900):  # 384 rows: the bucket exactly; 964: no bucket, the eager forward
         items = [(prompt, Phase.PREFILL)]
         assert torch.equal(
             run_microbatch(runner(model, pieces), items)[1], run_microbatch(runner(model, None), items)[1]
         )
+    assert replays == [True, False]
 
 
 def test_padding_rows_store_no_kv() -> None:

@@ -194,7 +194,7 @@ class Fp8Linear(nn.Module):
         """(M, N) in `dtype` from quantized rows (M, K) and their scales (M, 1), plus the bias; written into
         `out` (M, N) when given."""
         if scaled_gemm_ok(values.device, dtype):
-            product = torch._scaled_mm(
+            out = torch._scaled_mm(
                 values,
                 self.weight.t(),
                 scale_a=scale,
@@ -206,9 +206,7 @@ class Fp8Linear(nn.Module):
         else:  # reference: dequantize both sides, multiply in the activation dtype
             weight = dequantize(self.weight, self.weight_scale.t(), dtype)
             product = dequantize(values, scale, dtype) @ weight.t()
-            if out is not None:
-                product = out.copy_(product)
-        out = product
+            out = product if out is None else out.copy_(product)
         if self.bias is not None:
             out = out.add_(self.bias)
         return out

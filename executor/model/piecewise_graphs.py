@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from executor.model.transformer import LayerAttention, Transformer
+from executor.model.transformer import LayerAttention, Transformer, split_heads
 
 ROWS = 128  # bucket step: the row tile of the FP8 GEMMs, so padding to it adds no GEMM tiles
 MAX_ROWS = 4096  # the largest bucket: live FP8 microbatches held at most 3,371 tokens (the seventh round)
@@ -85,14 +85,7 @@ class PiecewiseGraphs:
 
     def views(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """q (count, heads, d), k and v (count, kv_heads, d): views of the first `count` static `qkv` rows."""
-        shape = self.model.config.shape
-        q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-        q, k, v = self.qkv[:count].split([q_width, kv_width, kv_width], dim=-1)
-        return (
-            q.view(count, shape.heads, shape.head_dim),
-            k.view(count, shape.kv_heads, shape.head_dim),
-            v.view(count, shape.kv_heads, shape.head_dim),
-        )
+        return split_heads(self.model.config, self.qkv[:count])
 
     def _capture(self) -> None:
         side = torch.cuda.Stream(self.model.device)

@@ -24,11 +24,22 @@ class LayerAttention(Protocol):
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
 
+def split_heads(config: ModelConfig, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q (T, heads, d), k and v (T, kv_heads, d): views of the q/k/v projection's rows (T, qkv_width)."""
+    shape = config.shape
+    q, k, v = qkv.split([shape.heads * shape.head_dim, *[shape.kv_heads * shape.head_dim] * 2], dim=-1)
+    return (
+        q.view(-1, shape.heads, shape.head_dim),
+        k.view(-1, shape.kv_heads, shape.head_dim),
+        v.view(-1, shape.kv_heads, shape.head_dim),
+    )
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         shape = config.shape
-        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.config = config
         self.qkv: nn.Module = nn.Linear(shape.hidden, shape.qkv_width, bias=shape.qkv_bias)  # or an Fp8Linear
         self.out = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
@@ -36,16 +47,14 @@ class SelfAttention(nn.Module):
         self, x: Tensor | Fp8Rows, rope: Rotary, layer: int, attend: LayerAttention, qkv: Tensor | None = None
     ) -> Tensor:
         """`qkv`: rows (T, qkv_width) the q/k/v projection writes into (piecewise graphs' static rows)."""
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         if qkv is None:
             qkv = self.qkv(x)
         elif isinstance(self.qkv, Fp8Linear):
             self.qkv(x, out=qkv)
         else:
             qkv.copy_(self.qkv(x))
-        q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
-        q, k = rope(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim))
-        v = v.view(-1, self.kv_heads, self.head_dim)
+        q, k, v = split_heads(self.config, qkv)
+        q, k = rope(q, k)
         return self.out(attend(layer, q, k, v).flatten(1))
 
 

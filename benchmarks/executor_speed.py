@@ -51,7 +51,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
-from executor.model import cuda_graphs, fp8, layers
+from executor.model import cuda_graphs, fp8, layers, prefill_attention
 from executor.model.attention import TorchAttention
 from executor.model.config import Family, ModelConfig, full_size
 from executor.model.cuda_graphs import DUMMY_PAGES, GraphedModelRunner
@@ -242,6 +242,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         torch.cuda.empty_cache()
     fp8.FAST_ACCUM = not args.exact_accum  # this process's (bench_alone spawns one per model)
     cuda_graphs.FP8_PAGE_KERNEL = not args.fa2_pages
+    prefill_attention.TRITON_KERNEL = not args.fa2_prefill
     weights = fp8.weight_bytes(model) / 2**30
     accumulation = f" (fast accumulation {fp8.FAST_ACCUM})" if quant != "bf16" else ""
     print(f"# {family.value} {quant}{accumulation}: weights {weights:.2f} GiB")
@@ -527,6 +528,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--fa2-pages", action="store_true", help="decode graphs read FP8 pages through FlashInfer's fa2"
+    )
+    parser.add_argument(
+        "--fa2-prefill",
+        action="store_true",
+        help="prefills over their own K/V rows through FlashInfer's fa2, not the Triton kernel",
     )
     parser.add_argument(
         "--paged-prefill",

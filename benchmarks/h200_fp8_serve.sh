@@ -23,14 +23,14 @@
 #            Fp8PageAttention, one layer, LLaDA and Dream at 8 and 32 items), then executor_speed of both
 #            models over FP8 pages with the decode graphs on Fp8PageAttention (pages.json) and on fa2
 #            (pages-fa2.json); not in the default STEPS, nor DRY;
-#   prefill  prefill attention over the forward's own K/V rows: executor_speed of LLaDA-8B's prefills, bf16
-#            and FP8 over FP8 pages, with prefills over their own K/V (prefill-{bf16,fp8}.json) and over their
-#            pages (prefill-*-paged.json), then benchmarks.prefill_attention_speed (one layer, by kernel);
-#            not in the default STEPS, nor DRY;
+#   prefill  prefill attention over the forward's own K/V rows: executor_speed of SPEED_MODELS' FP8 prefills
+#            over FP8 pages through FlashInfer's fa2 (--fa2-prefill; prefill-fa2.json: the speed step's rows
+#            have the Triton kernel), then benchmarks.prefill_attention_speed --sweep (one layer, by kernel
+#            and Triton configuration; no fa3, cuDNN or SDPA flash); not in the default STEPS, nor DRY;
 #   serve    sangam serve --quantization fp8 --kv-cache-dtype fp8, a streamed chat through the openai
 #            client (benchmarks/checkpoint_serve.py chat): chunks, time to the first chunk, finish_reason;
-#   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py, test_flashinfer_gpu.py and
-#            test_piecewise_graphs_gpu.py (-m gpu), then test_fp8_gpu.py if TESTS_ALL=1; within TESTS_LIMIT
+#   tests    tests/executor/test_fp8_kv_gpu.py, test_fp8_attention_gpu.py, test_flashinfer_gpu.py,
+#            test_piecewise_graphs_gpu.py and test_prefill_kernel_gpu.py (-m gpu), then test_fp8_gpu.py if TESTS_ALL=1; within TESTS_LIMIT
 #            seconds (300: the first pytest process on a fresh machine spends minutes loading FlashInfer's
 #            modules; 150 ran out in two calls of the eighth round, while a warm machine took 43 s).
 # STEPS (default: all but speed, pages and prefill) names the steps to run, in this order: jit pages prefill profile testbed
@@ -40,7 +40,7 @@
 # Each step's limit is cut to what is left of BUDGET seconds (a step with under 20 s left is skipped), so
 # the summary always prints. At most 8 files come back (the device tool's limit), so ask for steps whose
 # files fit: steps.log (everything, the summary at its end), tests.xml, profile.tgz, search-fp8.csv,
-# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, pages.json, pages-fa2.json, prefill-*.json,
+# search-bf16.csv, validate.tgz, speed.json, speed-kv8.json, pages.json, pages-fa2.json, prefill-fa2.json,
 # chat.json, and,
 # when no cache was carried, the JIT cache's parts (fi-cache.tgz.part-*, two at 15 MB;
 # then the summary alone, summary.txt, is left out). A carried cache is not written back: carry one made
@@ -107,7 +107,7 @@ print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
         | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 
-SPEED=(python3 -m benchmarks.executor_speed --prefill 2048 --decode 8 32 --profile 8 32)
+SPEED=(python3 -m benchmarks.executor_speed --prefill 1024 2048 4096 --decode 8 32 --profile 8 32)
 if [[ $DRY != 1 ]]; then
     step pages 120 python3 -m benchmarks.kv_attention_speed --items 8 32 --page-sweep
     PAGES=("${SPEED[@]}" --models llada dream --quantization fp8 --kv-cache-dtype fp8)
@@ -116,13 +116,9 @@ if [[ $DRY != 1 ]]; then
 fi
 
 if [[ $DRY != 1 ]]; then
-    OWN=(python3 -m benchmarks.executor_speed --models llada --prefill 1024 2048 4096 --decode 8 --no-graphs)
-    for PAIR in "bf16:--quantization bf16" "fp8:--quantization fp8 --kv-cache-dtype fp8"; do
-        NAME=${PAIR%%:*}; FLAGS=(${PAIR#*:})
-        step prefill-own 120 "${OWN[@]}" "${FLAGS[@]}" --json "$OUT/prefill-$NAME.json"
-        step prefill-paged 120 "${OWN[@]}" "${FLAGS[@]}" --paged-prefill --json "$OUT/prefill-$NAME-paged.json"
-    done
-    step prefill-kernels 240 python3 -m benchmarks.prefill_attention_speed  # fa3 last: its build takes minutes
+    step prefill 150 python3 -m benchmarks.executor_speed --models $SPEED_MODELS --prefill 1024 2048 4096 --decode 8 \
+        --no-graphs "${FP8[@]}" --fa2-prefill --json "$OUT/prefill-fa2.json"
+    step prefill-kernels 150 python3 -m benchmarks.prefill_attention_speed --sweep --skip fa3 cudnn flash fp8
 fi
 
 step profile 150 "${PROFILE[@]}" --model llada-8b --gpu h200 "${FP8[@]}" --out "$OUT/profile"
@@ -166,7 +162,7 @@ step serve 120 python3 -m benchmarks.checkpoint_serve chat --max-tokens 64 128 -
     --json "$OUT/chat.json" -- "${PLACE[@]}" --gpu h200 "${FP8[@]}" --mask-len 128
 
 GPU_TESTS=(tests/executor/test_fp8_kv_gpu.py tests/executor/test_fp8_attention_gpu.py tests/executor/test_flashinfer_gpu.py
-    tests/executor/test_piecewise_graphs_gpu.py)
+    tests/executor/test_piecewise_graphs_gpu.py tests/executor/test_prefill_kernel_gpu.py)
 [[ $TESTS_ALL == 1 ]] && GPU_TESTS+=(tests/executor/test_fp8_gpu.py)
 step tests "${TESTS_LIMIT:-300}" python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -rs -p no:cacheprovider -o addopts="" \
     --junit-xml=/tmp/fp8-tests.xml

@@ -13,6 +13,8 @@ of the GPU, as in a prefill's forward):
 - `paged bf16` / `paged fp8`: FlashInfer's fa2 over the K/V stored in pages (bf16; FP8 read with fp16
   queries), what the executor ran before prefills attended over their own K/V;
 - `ragged fa2` / `ragged fa3`: FlashInfer's ragged prefill over the K/V rows themselves (fa3: Hopper's);
+- `triton MxN wW sS`: the executor's Triton kernel (`executor.model.prefill_kernel`) over the rows, with
+  BLOCK_M x BLOCK_N, W warps and S stages (the first is the executor's; `--sweep` adds the others);
 - `sdpa cudnn` / `sdpa flash`: torch's scaled_dot_product_attention per sequence with that backend only.
 
 Each row gives us per call, TFLOP/s (4 * rows * KV * heads * head_dim per sequence) and the relative error
@@ -41,6 +43,10 @@ from executor.model.prefill_attention import TorchPrefillAttention
 from sangam.hardware import PAGE, pages_for
 
 CALLS = 10
+# (BLOCK_M, BLOCK_N, warps, stages) of the Triton kernel: the executor's default first
+TRITON_CONFIGS = (
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 64, 4, 3),
+)  # fmt: skip
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
 
 
@@ -92,6 +98,25 @@ def ragged(lengths: Sequence[int], heads: int, fa: str) -> Kernel:
     return run
 
 
+def triton_kernel(lengths: Sequence[int], heads: int, config: tuple[int, int, int, int]) -> Kernel:
+    module = importlib.import_module("executor.model.prefill_kernel")
+    block_m, block_n, warps, stages = config
+    attention = None
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
+        nonlocal attention
+        if attention is None:
+            attention = module.TritonPrefillAttention(
+                heads, k.shape[1], k.shape[2], device=q.device, block_m=block_m, block_n=block_n,
+                warps=warps, stages=stages,
+            )  # fmt: skip
+            attention.plan(indptr(lengths))
+        attention.run(q, k, v, out)
+        return out
+
+    return run
+
+
 def sdpa(lengths: Sequence[int], backend: SDPBackend) -> Kernel:
     attention = TorchPrefillAttention()
     attention.plan(indptr(lengths))
@@ -110,16 +135,20 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequen
     return out
 
 
-def kernels(lengths: Sequence[int], heads: int) -> Iterator[tuple[str, Kernel]]:
+def kernels(lengths: Sequence[int], heads: int, sweep: bool) -> Iterator[tuple[str, Kernel]]:
     yield "paged bf16", paged(lengths, heads, torch.bfloat16)
     yield "paged fp8", paged(lengths, heads, FP8)
     yield "ragged fa2", ragged(lengths, heads, "fa2")
+    for m, n, warps, stages in TRITON_CONFIGS if sweep else TRITON_CONFIGS[:1]:
+        yield f"triton {m}x{n} w{warps} s{stages}", triton_kernel(lengths, heads, (m, n, warps, stages))
     yield "sdpa cudnn", sdpa(lengths, SDPBackend.CUDNN_ATTENTION)
     yield "sdpa flash", sdpa(lengths, SDPBackend.FLASH_ATTENTION)
     yield "ragged fa3", ragged(lengths, heads, "fa3")  # last: its JIT build takes minutes
 
 
-def bench(family: Family, lengths: Sequence[int], generator: torch.Generator, skip: Sequence[str]) -> None:
+def bench(
+    family: Family, lengths: Sequence[int], generator: torch.Generator, skip: Sequence[str], sweep: bool
+) -> None:
     shape = full_size(family).shape
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     rows = sum(lengths)
@@ -129,7 +158,7 @@ def bench(family: Family, lengths: Sequence[int], generator: torch.Generator, sk
     expected = reference(q, k, v, lengths)
     flops = sum(4 * n * n * heads * dim for n in lengths)
     label = ",".join(map(str, lengths))
-    for name, kernel in kernels(lengths, heads):
+    for name, kernel in kernels(lengths, heads, sweep):
         if any(name.startswith(s) or name.endswith(s) for s in skip):
             continue
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -142,11 +171,11 @@ def bench(family: Family, lengths: Sequence[int], generator: torch.Generator, sk
             us = time_ms(lambda kernel=kernel, out=out: [kernel(q, k, v, out) for _ in range(CALLS)], 2, 7)
             us *= 1e3 / CALLS
         except Exception as error:  # a kernel this machine cannot build or run: say so, go on
-            print(f"{family.value:<6} {label:<12} {name:<11} failed: {str(error)[:300]}", flush=True)
+            print(f"{family.value:<6} {label:<12} {name:<20} failed: {str(error)[:300]}", flush=True)
             continue
         rel = float((out.float() - expected).norm() / expected.norm())
         print(
-            f"{family.value:<6} {label:<12} {name:<11} {us:>9.1f} {flops / us / 1e6:>7.0f} {rel:>8.4f} "
+            f"{family.value:<6} {label:<12} {name:<20} {us:>9.1f} {flops / us / 1e6:>7.0f} {rel:>8.4f} "
             f"{first:>9.1f}",
             flush=True,
         )
@@ -173,17 +202,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], help="kernels to leave out (a name's first or last word)"
     )
+    parser.add_argument("--sweep", action="store_true", help="time every Triton configuration")
     args = parser.parse_args(argv)
     generator = torch.Generator().manual_seed(0)
     flashinfer = importlib.import_module("flashinfer")
     versions = (torch.__version__, torch.backends.cudnn.version(), flashinfer.__version__)
     print(f"{torch.cuda.get_device_name()}, torch / cuDNN / flashinfer {' / '.join(map(str, versions))}")
     print(
-        f"{'model':<6} {'lengths':<12} {'kernel':<11} {'us':>9} {'TFLOP/s':>7} {'rel err':>8} {'first ms':>9}"
+        f"{'model':<6} {'lengths':<12} {'kernel':<20} {'us':>9} {'TFLOP/s':>7} {'rel err':>8} {'first ms':>9}"
     )
     for family in (Family(m) for m in args.models):
         for shape in args.shapes:
-            bench(family, shape, generator, args.skip)
+            bench(family, shape, generator, args.skip, args.sweep)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ rows; one layer's attention 351 against 187 us; docs/executor-performance.md "Th
 pages prefills still read the pages back: exact, and as fast (53.6 against 53.4 ms).
 
 `PrefillAttention` is planned once per microbatch with the tail's CSR row offsets and run once per layer:
-`TorchPrefillAttention` (one SDPA call per sequence; CPU and checks) and
-`flashinfer_backend.FlashInferPrefillAttention` (FlashInfer's ragged batch prefill, one launch for all
-sequences; CUDA, fp16/bf16).
+`TorchPrefillAttention` (one SDPA call per sequence; CPU and checks),
+`prefill_kernel.TritonPrefillAttention` (a Triton flash-attention kernel, one launch for all sequences;
+CUDA) and `flashinfer_backend.FlashInferPrefillAttention` (FlashInfer's ragged batch prefill, fa2; CUDA,
+fp16/bf16).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from torch import Tensor
 
 from executor.model.config import ModelConfig
 from executor.model.flashinfer_backend import HALF_DTYPES, FlashInferPrefillAttention, flashinfer_available
-from executor.model.fp8 import FP8
+from executor.model.fp8 import FP8, triton_module
+
+TRITON_KERNEL = True  # False: FlashInfer's fa2 ragged prefill on CUDA (benchmarks compare the two)
 
 
 class PrefillAttention(Protocol):
@@ -37,6 +40,15 @@ class PrefillAttention(Protocol):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> None:
         """q (T, heads, d), k and v (T, kv_heads, d), strided rows allowed -> `out` (T, heads, d)."""
+
+
+def prefill_tiles(indptr: Tensor, block_m: int) -> Tensor:
+    """The tiles of `block_m` query rows of the sequences `indptr` (host CSR row offsets), (tiles, 3) int32:
+    each tile's first row and its sequence's first and end rows, the longest sequences' tiles first."""
+    bounds = list(itertools.pairwise(indptr.tolist()))
+    longest = sorted(bounds, key=lambda span: span[0] - span[1])  # stable: ties keep their order
+    rows = [(row, lo, hi) for lo, hi in longest for row in range(lo, hi, block_m)]
+    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 3)
 
 
 class TorchPrefillAttention:
@@ -60,13 +72,19 @@ class TorchPrefillAttention:
 def make_prefill_attention(
     device: torch.device | str, config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype
 ) -> PrefillAttention | None:
-    """Over FP8 pages: FlashInfer's ragged prefill on a CUDA device in fp16/bf16 when it is installed, SDPA
-    otherwise. Over other pages None: prefills read their pages back."""
+    """Over FP8 pages, on a CUDA device in fp16/bf16: the Triton kernel (`executor.model.prefill_kernel`)
+    where Triton is installed and `TRITON_KERNEL`, else FlashInfer's ragged prefill where it is installed;
+    SDPA otherwise. Over other pages None: prefills read their pages back."""
     if kv_dtype != FP8:
         return None
     device, shape = torch.device(device), config.shape
-    if device.type == "cuda" and dtype in HALF_DTYPES and flashinfer_available():
-        return FlashInferPrefillAttention(
-            shape.heads, shape.kv_heads, shape.head_dim, dtype=dtype, device=device
-        )
+    if device.type == "cuda" and dtype in HALF_DTYPES:
+        kernel = triton_module("prefill_kernel") if TRITON_KERNEL else None
+        if kernel is not None:
+            heads = (shape.heads, shape.kv_heads, shape.head_dim)
+            return kernel.TritonPrefillAttention(*heads, device=device, dtype=dtype)
+        if flashinfer_available():
+            return FlashInferPrefillAttention(
+                shape.heads, shape.kv_heads, shape.head_dim, dtype=dtype, device=device
+            )
     return TorchPrefillAttention()

@@ -8,6 +8,7 @@ the prefill must see its unrounded K/V while the pages still receive them for th
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
@@ -24,7 +25,7 @@ from executor.model.forward import ModelRunner
 from executor.model.kv_cache import PagedKVCache, gather_kv
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase, plan_microbatch
-from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention
+from executor.model.prefill_attention import TorchPrefillAttention, make_prefill_attention, prefill_tiles
 from executor.model.transformer import Transformer
 from executor.worker.engine import build_runner
 from sangam.hardware import BLOCK, pages_for
@@ -190,3 +191,23 @@ def test_flashinfer_prefill_attention_plans_non_causal_fa2_over_the_rows(
     out = torch.empty_like(q)
     attention.run(q, k, k, out)
     assert calls["run"][3] is out  # type: ignore[index]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    block_m=st.sampled_from([16, 64, 128]),
+)
+def test_prefill_tiles_cover_every_row_once_inside_its_sequence_longest_first(
+    lengths: list[int], block_m: int
+) -> None:
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    tiles = prefill_tiles(offsets, block_m)
+    assert tiles.dtype == torch.int32 and tiles.shape[1] == 3
+    covered = []
+    for first, lo, hi in tiles.tolist():
+        assert (lo, hi) in itertools.pairwise(offsets.tolist()) and lo <= first < hi
+        assert (first - lo) % block_m == 0
+        covered += range(first, min(first + block_m, hi))
+    assert sorted(covered) == list(range(sum(lengths)))  # each row in exactly one tile
+    spans = [hi - lo for _, lo, hi in tiles.tolist()]
+    assert spans == sorted(spans, reverse=True)

@@ -3,7 +3,8 @@
 # flashinfer-python 0.6.3, apache-tvm-ffi, simpy, grpcio, grpcio-health-checking, protobuf, sangam serve's
 # fastapi, starlette, pydantic, uvicorn, openai and their needs (.whlw, without serve's, keeps a call's carry
 # under 64 MiB); .jit/fi-cache.tgz.part-* optional, as fp8_h200.sh writes it, and .jit/triton-cache.tgz, an
-# earlier call's ~/.triton, as h200_launch.sh writes it).
+# earlier call's ~/.triton, as h200_launch.sh writes it; or, in place of the flashinfer wheel and the cache,
+# .jit/flashinfer-aot.tgz as benchmarks/flashinfer_aot.sh makes it).
 # LLaDA-8B (and Dream-7B's profile), random weights, FP8 weights and FP8 KV (`--quantization fp8
 # --kv-cache-dtype fp8`):
 #   jit      FlashInfer's modules for bf16 and FP8 pages;
@@ -86,6 +87,9 @@ say "h200_fp8_serve: DRY=$DRY BUDGET=$BUDGET OUT=$OUT"
 if [[ -d $WHEELS && $DRY != 1 ]]; then  # the wheels are for the device (cp312)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "$WHEELS"/*.whl || exit 1
+    # FlashInfer without its sources, with the executor's modules compiled (AOT, loaded as they are): a call's
+    # whole carry fits in 64 MiB (benchmarks/flashinfer_aot.sh makes it from an earlier call's JIT cache)
+    [[ -f .jit/flashinfer-aot.tgz ]] && tar xzf .jit/flashinfer-aot.tgz -C /tmp/site
     export PYTHONPATH="/tmp/site:$PWD"
 else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -103,7 +107,7 @@ if [[ $DRY != 1 ]]; then
 from executor.model.flashinfer_backend import warm_up_kernels as w
 print(w("cuda"), w("cuda", kv_dtype=torch.float8_e4m3fn))'
     # the modules the jit step built, when none were carried (without the step there is nothing to keep)
-    wanted jit && [[ -z $JIT_PARTS ]] && tar cz -C ~/.cache flashinfer 2>/dev/null \
+    wanted jit && [[ -z $JIT_PARTS && ! -f .jit/flashinfer-aot.tgz ]] && tar cz -C ~/.cache flashinfer 2>/dev/null \
         | split -b 15m - "$OUT/fi-cache.tgz.part-"
 fi
 

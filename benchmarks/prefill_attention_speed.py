@@ -45,7 +45,7 @@ from sangam.hardware import PAGE, pages_for
 CALLS = 10
 # (BLOCK_M, BLOCK_N, warps, stages) of the Triton kernel: the executor's default first
 TRITON_CONFIGS = (
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 64, 4, 3),
+    (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 64, 4, 3),
 )  # fmt: skip
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
 

@@ -113,7 +113,7 @@ class TritonPrefillAttention:
         device: torch.device | str,
         dtype: torch.dtype = torch.bfloat16,
         block_m: int = 128,
-        block_n: int = 64,
+        block_n: int = 128,
         warps: int = 8,
         stages: int = 3,
     ) -> None:

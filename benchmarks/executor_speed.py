@@ -31,15 +31,17 @@ of 2,048 tokens <= 32 ms.
 `x serial` is the time as a multiple of the linear layers' bound plus attention's own bound, one after the
 other, which is what kernels that do not overlap can reach; `--table FILE` prints the rows of an earlier
 `--json FILE` (no GPU needed). `--profile B...` adds, per model, a kernel-time breakdown (torch.profiler)
-of a prefill and of eager and graphed decodes of B items. `--gemms` times each linear layer's GEMM alone at
-the decode and prefill row counts: bf16 against FP8 (row-wise scales, with and without fast accumulation;
-per-tensor scales) and the activation quantization. Each model is measured in a fresh process of its own
-(`bench_alone`). Only stdout is written, plus the rows as JSON with `--json FILE`.
+of a prefill and of eager and graphed decodes of B items, and where the GPU idles in the prefill.
+`--gemms` times each linear layer's GEMM alone at the decode and prefill row counts: bf16 against FP8
+(row-wise scales, with and without fast accumulation; per-tensor scales) and the activation quantization. Each
+model is measured in a fresh process of its own (`bench_alone`). Only stdout is written, plus the rows as JSON
+with `--json FILE`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import statistics
@@ -232,6 +234,44 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 
+def idle(label: str, fn: Callable[[], object], top: int = 8) -> None:
+    """Where the GPU idles in one call of `fn` (after a warm-up): the time from the call's start to its first
+    GPU work, the idle between its GPU events (kernels, copies, memsets), and the longest such gaps with the
+    events on either side."""
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("call"):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    call = next(e for e in events if e.name == "call")
+    gpu = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if getattr(e.device_type, "name", "") == "CUDA" and e.time_range.end > e.time_range.start
+    )
+    if not gpu:
+        print(f"[idle] {label}: no GPU events")
+        return
+    gaps, reach = [], gpu[0][1]
+    for (_, end, before), (start, _, after) in itertools.pairwise(gpu):
+        reach = max(reach, end)
+        if start > reach:
+            gaps.append((start - reach, before, after))
+    total = sum(gap for gap, _, _ in gaps) / 1e3
+    span = (max(end for _, end, _ in gpu) - gpu[0][0]) / 1e3
+    print(
+        f"[idle] {label}: first GPU work {(gpu[0][0] - call.time_range.start) / 1e3:.2f} ms after the call "
+        f"starts; GPU span {span:.2f} ms, idle {total:.2f} ms in {len(gaps)} gaps"
+    )
+    for gap, before, after in sorted(gaps, reverse=True)[:top]:
+        print(f"[idle]     {gap:8.1f} us  after {before[:50]}  before {after[:50]}")
+
+
 def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -> list[Row]:
     config = full_size(family)
     spec = config.shape
@@ -372,6 +412,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         pool.allocate(-2, pages_for(2048))
         item = ForwardItem(-2, Phase.PREFILL, random_tokens(config, 2048, seed=2), 1024)
         profile(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
+        idle(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
         pool.release(-2)
         for size in args.profile:
             batch = decodes[:size]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -23,6 +24,7 @@ TRUE = Coefficients(
     per_item=4e-5,
     per_graph_item=-1e-5,
     per_mixed_decode=6e-4,
+    per_mixed=2e-3,
     per_token=2e-5,
     per_square=1e-9,
     per_context=1.7e-7,
@@ -41,12 +43,12 @@ def grid(rng: random.Random) -> list[Shape]:
     return shapes
 
 
-def samples(noise: float, seed: int = 0) -> list[Sample]:
+def samples(noise: float, seed: int = 0, true: Coefficients = TRUE) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for shape in grid(rng):
         f = Features.of(shape, buckets=BUCKETS)
-        out.append(Sample(f, predict(TRUE, f) * rng.gauss(1.0, noise)))
+        out.append(Sample(f, predict(true, f) * rng.gauss(1.0, noise)))
     return out
 
 
@@ -73,6 +75,15 @@ def test_fit_recovers_the_generating_model() -> None:
     assert report.heldout_mape < 0.5 and report.coefficients.knee == pytest.approx(TRUE.knee, rel=0.2)
     noisy = fit(samples(noise=0.02))
     assert noisy.heldout_mape < 4.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_mixed_joins_the_model_only_where_it_beats_its_base_by_a_standard_error(seed: int) -> None:
+    exact = fit(samples(noise=0.0, seed=seed))
+    assert exact.coefficients.per_mixed == pytest.approx(TRUE.per_mixed, rel=0.01)
+    assert fit(samples(noise=0.01, seed=seed)).candidate.endswith("-mixed")
+    without = fit(samples(noise=0.01, seed=seed, true=dataclasses.replace(TRUE, per_mixed=0.0)))
+    assert not without.candidate.endswith("-mixed") and without.coefficients.per_mixed == 0.0
 
 
 def test_fit_needs_enough_points() -> None:

@@ -16,13 +16,18 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    # on sangam-h200-fp8, profiled (piecewise graphs, mixed filler) in the live runs' call. The earlier FP8
-    # reports were simulated on the FP8 profiles of their day, profiles/data/h200-fp8-kvfp8 at fe3c27d for
-    # validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for ...-fp8-seed1[34].json, at fa1e503 for
-    # ...-fp8-[345]-seed1[34].json, at 054519f for ...-fp8-6-seed1[34].json, at 330f859 for
-    # ...-fp8-7-seed1[34].json and at 7a0def5 for ...-fp8-8-seed1[34].json
-    "validate-llada-8b-h200-colocated-fp8-9-seed13.json": "live-colocated-fp8-llada-8b-h200-9/seed13",
-    "validate-llada-8b-h200-colocated-fp8-9-seed14.json": "live-colocated-fp8-llada-8b-h200-9/seed14",
+    # on sangam-h200-fp8, profiled (piecewise graphs, mixed filler, Triton prefill attention) in the live
+    # runs' call. The earlier FP8 reports were simulated on the FP8 profiles of their day,
+    # profiles/data/h200-fp8-kvfp8 at fe3c27d for validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for
+    # ...-fp8-seed1[34].json, at fa1e503 for ...-fp8-[345]-seed1[34].json, at 054519f for
+    # ...-fp8-6-seed1[34].json, at 330f859 for ...-fp8-7-seed1[34].json, at 7a0def5 for
+    # ...-fp8-8-seed1[34].json and at 9e650d6 for ...-fp8-9-seed1[34].json
+    **{
+        f"validate-llada-8b-h200-colocated-fp8-10-seed{seed}.json": (
+            f"live-colocated-fp8-llada-8b-h200-10/seed{seed}"
+        )
+        for seed in (13, 14, 15)
+    },
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold
     "validate-llada-8b-h200-1P1C-shared-gpu.json": "live-1p1c-llada-8b-h200",

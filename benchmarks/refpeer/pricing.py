@@ -45,6 +45,7 @@ class Pricing:
             + c["per_item"] * items
             + c["per_graph_item"] * graph * items
             + c["per_mixed_decode"] * (len(decodes) if prefills else 0)
+            + c["per_mixed"] * (1.0 if prefills and decodes else 0.0)
             + c["per_token"] * max(tokens, c["knee"])
             + c["per_square"] * sum(s * s for s in prefills)
             + c["per_context"] * sum(decodes)

@@ -22,11 +22,10 @@ COLOCATED = {
     # ...-fp8-seed1[34].json, at fa1e503 for ...-fp8-[345]-seed1[34].json, at 054519f for
     # ...-fp8-6-seed1[34].json, at 330f859 for ...-fp8-7-seed1[34].json, at 7a0def5 for
     # ...-fp8-8-seed1[34].json and at 9e650d6 for ...-fp8-9-seed1[34].json
+    # (seed13-call5: seed 13 again, on another loan of the H200)
     **{
-        f"validate-llada-8b-h200-colocated-fp8-10-seed{seed}.json": (
-            f"live-colocated-fp8-llada-8b-h200-10/seed{seed}"
-        )
-        for seed in (13, 14, 15)
+        f"validate-llada-8b-h200-colocated-fp8-10-{run}.json": f"live-colocated-fp8-llada-8b-h200-10/{run}"
+        for run in ("seed13", "seed14", "seed15", "seed16", "seed17", "seed13-call5")
     },
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold

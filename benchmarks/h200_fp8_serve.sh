@@ -4,7 +4,10 @@
 # fastapi, starlette, pydantic, uvicorn, openai and their needs (.whlw, without serve's, keeps a call's carry
 # under 64 MiB); .jit/fi-cache.tgz.part-* optional, as fp8_h200.sh writes it, and .jit/triton-cache.tgz, an
 # earlier call's ~/.triton, as h200_launch.sh writes it; or, in place of the flashinfer wheel and the cache,
-# .jit/flashinfer-aot.tgz as benchmarks/flashinfer_aot.sh makes it).
+# .jit/flashinfer-aot.tgz as benchmarks/flashinfer_aot.sh makes it). What the wheels still lack, here:
+#   pip install --dry-run --no-index --find-links $WHEELS --ignore-installed --target /tmp/x --python-version 3.12 \
+#       --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 fastapi openai uvicorn
+# (a package it names is missing unless the accelerator machine's image has it).
 # LLaDA-8B (and Dream-7B's profile), random weights, FP8 weights and FP8 KV (`--quantization fp8
 # --kv-cache-dtype fp8`):
 #   jit      FlashInfer's modules for bf16 and FP8 pages;

@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-from executor_helpers import bits, committed, relative_error, reshaped, small_config
+from executor_helpers import bits, check_prefill_attention, committed, relative_error, reshaped, small_config
 from torch import Tensor
 
 from executor.model import layers
-from executor.model.attention import AttentionLayout, TorchAttention, indptr
+from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family, ModelConfig
 from executor.model.cuda_graphs import DUMMY_PAGES, PADDING_OWNER, GraphedModelRunner
 from executor.model.flashinfer_backend import (
@@ -23,7 +23,6 @@ from executor.model.forward import ModelRunner, SlotStore
 from executor.model.kv_cache import KVSlots, PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import ForwardItem, Phase
-from executor.model.prefill_attention import TorchPrefillAttention
 from executor.model.transformer import Transformer
 from sangam.hardware import BLOCK, PAGE, pages_for
 from sangam.kv import PagePool
@@ -84,24 +83,10 @@ def test_flashinfer_equals_torch_on_mixed_prefill_and_decode_layout(heads: int, 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (8, 2), (28, 4)], ids=["mha", "gqa4", "dream"])
 def test_flashinfer_prefill_attention_over_own_rows_equals_sdpa(heads: int, kv_heads: int) -> None:
-    generator = torch.Generator(device="cuda").manual_seed(heads * kv_heads)
     flashinfer = FlashInferPrefillAttention(
         heads, kv_heads, HEAD_DIM, dtype=DTYPE, device=torch.device("cuda")
     )
-    reference = TorchPrefillAttention()
-    for lengths in ([300, 77, 1000], [1, 2048], [33]):  # ragged, a single row, then a replan
-        width = (heads + 2 * kv_heads) * HEAD_DIM
-        qkv = torch.randn(sum(lengths), width, dtype=DTYPE, device="cuda", generator=generator)
-        q, k, v = qkv.split([heads * HEAD_DIM, kv_heads * HEAD_DIM, kv_heads * HEAD_DIM], dim=-1)
-        q, k, v = q.view(-1, heads, HEAD_DIM), k.view(-1, kv_heads, HEAD_DIM), v.view(-1, kv_heads, HEAD_DIM)
-        offsets = indptr(lengths)
-        expected, actual = torch.empty_like(q), torch.full_like(q, float("nan"))
-        reference.plan(offsets)
-        reference.run(q, k, v, expected)
-        flashinfer.plan(offsets)
-        flashinfer.run(q, k, v, actual)
-        assert relative_error(actual, expected) < TOLERANCE  # also: every row written (no NaN left)
-        assert float((actual.float() - expected.float()).abs().max()) < 0.05
+    check_prefill_attention(flashinfer, heads, kv_heads, HEAD_DIM)
 
 
 def test_make_backend_picks_flashinfer_only_for_half_precision_on_cuda() -> None:

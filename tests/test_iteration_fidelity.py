@@ -8,9 +8,8 @@ import pytest
 
 from benchmarks import iteration_fidelity
 
-FP8_RUN = (
-    Path(__file__).parent.parent / "benchmarks/results/live-colocated-fp8-llada-8b-h200-10/seed13/live-qps1.84"
-)
+RESULTS = Path(__file__).parent.parent / "benchmarks/results"
+FP8_RUN = RESULTS / "live-colocated-fp8-llada-8b-h200-10/seed13/live-qps1.84"
 
 
 def rows(out: str) -> dict[str, list[str]]:

@@ -24,7 +24,7 @@ FP8 = torch.float8_e4m3fn
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (8, 2), (28, 4)], ids=["mha", "gqa4", "dream"])
-@pytest.mark.parametrize("config", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)])
+@pytest.mark.parametrize("config", [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)])
 def test_triton_prefill_attention_over_own_rows_equals_sdpa(
     heads: int, kv_heads: int, config: tuple[int, int, int, int]
 ) -> None:

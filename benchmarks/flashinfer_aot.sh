@@ -13,7 +13,8 @@ set -euo pipefail
 WHEEL=$1; PARTS=$2; TARGET=$(realpath -m "$3")
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 python3 -m pip install -q --no-deps --no-compile --target "$WORK/site" "$WHEEL"
-rm -rf "$WORK"/site/flashinfer/data/{cutlass,include,spdlog}  # csrc: the templates modules are named from "$WORK"/site/bin "$WORK"/site/build_*.py
+# data/csrc stays: FlashInfer generates a module's sources from its templates before it looks for the module
+rm -rf "$WORK"/site/flashinfer/data/{cutlass,include,spdlog} "$WORK"/site/bin "$WORK"/site/build_*.py
 mkdir -p "$WORK/cache" && cat $PARTS | tar xz -C "$WORK/cache"
 for SO in "$WORK"/cache/flashinfer/*/*/cached_ops/*/*.so; do
     NAME=$(basename "$(dirname "$SO")")

@@ -14,7 +14,8 @@ of the GPU, as in a prefill's forward):
   queries), what the executor ran before prefills attended over their own K/V;
 - `ragged fa2` / `ragged fa3`: FlashInfer's ragged prefill over the K/V rows themselves (fa3: Hopper's);
 - `triton MxN wW sS`: the executor's Triton kernel (`executor.model.prefill_kernel`) over the rows, with
-  BLOCK_M x BLOCK_N, W warps and S stages (the first is the executor's; `--sweep` adds the others);
+  BLOCK_M x BLOCK_N, W warps and S stages (the first is the executor's `DEFAULT_CONFIG`; `--sweep` adds the
+  others);
 - `sdpa cudnn` / `sdpa flash`: torch's scaled_dot_product_attention per sequence with that backend only.
 
 Each row gives us per call, TFLOP/s (4 * rows * KV * heads * head_dim per sequence) and the relative error
@@ -43,10 +44,8 @@ from executor.model.prefill_attention import TorchPrefillAttention
 from sangam.hardware import PAGE, pages_for
 
 CALLS = 10
-# (BLOCK_M, BLOCK_N, warps, stages) of the Triton kernel: the executor's default first
-TRITON_CONFIGS = (
-    (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 64, 4, 3),
-)  # fmt: skip
+# (BLOCK_M, BLOCK_N, warps, stages) of the Triton kernel that --sweep adds to the executor's DEFAULT_CONFIG
+TRITON_CONFIGS = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 64, 4, 3))
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
 
 
@@ -100,16 +99,14 @@ def ragged(lengths: Sequence[int], heads: int, fa: str) -> Kernel:
 
 def triton_kernel(lengths: Sequence[int], heads: int, config: tuple[int, int, int, int]) -> Kernel:
     module = importlib.import_module("executor.model.prefill_kernel")
-    block_m, block_n, warps, stages = config
     attention = None
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> object:
         nonlocal attention
         if attention is None:
             attention = module.TritonPrefillAttention(
-                heads, k.shape[1], k.shape[2], device=q.device, block_m=block_m, block_n=block_n,
-                warps=warps, stages=stages,
-            )  # fmt: skip
+                heads, k.shape[1], k.shape[2], device=q.device, config=config
+            )
             attention.plan(indptr(lengths))
         attention.run(q, k, v, out)
         return out
@@ -139,7 +136,8 @@ def kernels(lengths: Sequence[int], heads: int, sweep: bool) -> Iterator[tuple[s
     yield "paged bf16", paged(lengths, heads, torch.bfloat16)
     yield "paged fp8", paged(lengths, heads, FP8)
     yield "ragged fa2", ragged(lengths, heads, "fa2")
-    for m, n, warps, stages in TRITON_CONFIGS if sweep else TRITON_CONFIGS[:1]:
+    default = importlib.import_module("executor.model.prefill_kernel").DEFAULT_CONFIG
+    for m, n, warps, stages in (default, *(TRITON_CONFIGS if sweep else ())):
         yield f"triton {m}x{n} w{warps} s{stages}", triton_kernel(lengths, heads, (m, n, warps, stages))
     yield "sdpa cudnn", sdpa(lengths, SDPBackend.CUDNN_ATTENTION)
     yield "sdpa flash", sdpa(lengths, SDPBackend.FLASH_ATTENTION)

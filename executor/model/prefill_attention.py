@@ -19,6 +19,7 @@ fp16/bf16).
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Protocol
 
 import torch
@@ -29,6 +30,7 @@ from executor.model.config import ModelConfig
 from executor.model.flashinfer_backend import HALF_DTYPES, FlashInferPrefillAttention, flashinfer_available
 from executor.model.fp8 import FP8, triton_module
 
+log = logging.getLogger("sangam.prefill")
 TRITON_KERNEL = True  # False: FlashInfer's fa2 ragged prefill on CUDA (benchmarks compare the two)
 
 
@@ -73,8 +75,9 @@ def make_prefill_attention(
     device: torch.device | str, config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype
 ) -> PrefillAttention | None:
     """Over FP8 pages, on a CUDA device in fp16/bf16: the Triton kernel (`executor.model.prefill_kernel`)
-    where Triton is installed and `TRITON_KERNEL`, else FlashInfer's ragged prefill where it is installed;
-    SDPA otherwise. Over other pages None: prefills read their pages back."""
+    where Triton is installed, `TRITON_KERNEL` is on and the kernel compiles for this GPU, else FlashInfer's
+    ragged prefill where it is installed; SDPA otherwise. Over other pages None: prefills read their pages
+    back."""
     if kv_dtype != FP8:
         return None
     device, shape = torch.device(device), config.shape
@@ -82,7 +85,12 @@ def make_prefill_attention(
         kernel = triton_module("prefill_kernel") if TRITON_KERNEL else None
         if kernel is not None:
             heads = (shape.heads, shape.kv_heads, shape.head_dim)
-            return kernel.TritonPrefillAttention(*heads, device=device, dtype=dtype)
+            try:
+                return kernel.TritonPrefillAttention(*heads, device=device, dtype=dtype)
+            except Exception as err:  # e.g. a GPU with less shared memory than its tiles take
+                log.warning(
+                    "the Triton prefill attention cannot run here (%s): FlashInfer or SDPA instead", err
+                )
         if flashinfer_available():
             return FlashInferPrefillAttention(
                 shape.heads, shape.kv_heads, shape.head_dim, dtype=dtype, device=device

@@ -7,7 +7,8 @@ sequence and one query head: it holds the tile's queries, streams the sequence's
 KV head in `BLOCK_N` steps (unmasked but for the last, partial one), multiplies on the tensor cores in the
 activation dtype and keeps an online softmax in fp32. q, k and v may be strided views of one q/k/v
 projection, as the model hands them on. `TritonPrefillAttention.plan` lists the tiles once per microbatch,
-those of the longest sequences first, so the shortest programs fill the last wave.
+those of the longest sequences first; the grid runs every tile of one query head before the next head's, so
+consecutive programs share their K/V.
 """
 
 from __future__ import annotations
@@ -96,13 +97,17 @@ def _prefill(  # type: ignore[no-untyped-def]  # a Triton kernel: its annotation
 
 
 _PREFILL = Launcher(_prefill)
+# (BLOCK_M, BLOCK_N, warps, stages): the fastest of six configurations in every shape on an H200 (LLaDA-8B's
+# 2,048 rows 152.0 us against fa2's 184.1; `benchmarks/prefill_attention_speed.py --sweep`). It needs about
+# 224 KiB of shared memory a program: GPUs with less take FlashInfer or SDPA (`make_prefill_attention`).
+DEFAULT_CONFIG = (128, 128, 8, 3)
 
 
 class TritonPrefillAttention:
     """The `PrefillAttention` of `_prefill`: plan lists the microbatch's tiles, run launches one grid of
-    tiles x query heads. `block_m`, `block_n`, `warps` and `stages` are the kernel's launch configuration
-    (`benchmarks/prefill_attention_speed.py` sweeps them). The constructor compiles the kernel for `dtype`
-    over one row of a q/k/v projection, so a worker's first prefill does not wait for Triton."""
+    tiles x query heads. `config` is the kernel's launch configuration, (BLOCK_M, BLOCK_N, warps, stages).
+    The constructor compiles the kernel for `dtype` over one row of a q/k/v projection, so a worker's first
+    prefill does not wait for Triton (and a GPU that cannot run the configuration raises here)."""
 
     def __init__(
         self,
@@ -112,16 +117,13 @@ class TritonPrefillAttention:
         *,
         device: torch.device | str,
         dtype: torch.dtype = torch.bfloat16,
-        block_m: int = 128,
-        block_n: int = 128,
-        warps: int = 8,
-        stages: int = 3,
+        config: tuple[int, int, int, int] = DEFAULT_CONFIG,
     ) -> None:
         if heads % kv_heads or head_dim & (head_dim - 1):
             raise ValueError(f"heads {heads} need a multiple of kv_heads {kv_heads}, head_dim a power of 2")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.device = torch.device(device)
-        self.block_m, self.block_n, self.warps, self.stages = block_m, block_n, warps, stages
+        self.block_m, self.block_n, self.warps, self.stages = config
         qkv = torch.zeros(1, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=self.device)
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q = q.view(1, heads, head_dim)

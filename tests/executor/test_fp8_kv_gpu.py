@@ -103,7 +103,7 @@ def test_model_on_fp8_kv_stays_within_e4m3_rounding_of_bf16_kv(family: Family) -
 
 @pytest.mark.parametrize("family", list(Family))
 def test_a_mixed_microbatch_over_fp8_pages_equals_the_torch_path(family: Family) -> None:
-    """Decodes over FlashInfer's paged plan of the microbatch's head and prefills over FlashInfer's ragged
+    """Decodes over FlashInfer's paged plan of the microbatch's head and prefills over the Triton prefill
     kernel on their own rows, in any order, against torch attention over the same FP8 pages and rows (a
     helper's script of the same check, on other random prompts, gave 0.010-0.022 per item on an H200)."""
     model = random_model(small_config(family), device="cuda", seed=2, std=0.1)

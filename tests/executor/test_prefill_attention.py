@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from executor.model import flashinfer_backend
+from executor.model import flashinfer_backend, prefill_attention
 from executor.model.attention import AttentionLayout, TorchAttention
 from executor.model.config import Family, tiny
 from executor.model.forward import ModelRunner
@@ -194,7 +194,7 @@ def test_flashinfer_prefill_attention_plans_non_causal_fa2_over_the_rows(
 
 
 @given(
-    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    lengths=st.lists(st.integers(0, 300), max_size=6),
     block_m=st.sampled_from([16, 64, 128]),
 )
 def test_prefill_tiles_cover_every_row_once_inside_its_sequence_longest_first(
@@ -204,10 +204,41 @@ def test_prefill_tiles_cover_every_row_once_inside_its_sequence_longest_first(
     tiles = prefill_tiles(offsets, block_m)
     assert tiles.dtype == torch.int32 and tiles.shape[1] == 3
     covered = []
-    for first, lo, hi in tiles.tolist():
+    for first, lo, hi in tiles.tolist():  # an empty sequence has no tile
         assert (lo, hi) in itertools.pairwise(offsets.tolist()) and lo <= first < hi
         assert (first - lo) % block_m == 0
         covered += range(first, min(first + block_m, hi))
     assert sorted(covered) == list(range(sum(lengths)))  # each row in exactly one tile
     spans = [hi - lo for _, lo, hi in tiles.tolist()]
     assert spans == sorted(spans, reverse=True)
+
+
+def test_prefills_over_fp8_pages_on_cuda_fall_back_where_the_triton_kernel_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Triton kernel first; one that cannot compile for the GPU (its tiles' shared memory) gives way to
+    FlashInfer, or here, where FlashInfer is not installed, to SDPA. No CUDA call is made on the way."""
+    built: list[object] = []
+
+    class Kernel:
+        def __init__(self, *heads: int, device: torch.device, dtype: torch.dtype) -> None:
+            if fails:
+                raise RuntimeError("out of resources: shared memory")
+            built.append(heads)
+
+    fake = types.SimpleNamespace(TritonPrefillAttention=Kernel)
+    monkeypatch.setattr(
+        prefill_attention, "triton_module", lambda name: fake if name == "prefill_kernel" else None
+    )
+    monkeypatch.setattr(prefill_attention, "flashinfer_available", lambda: False)
+    config = tiny(Family.DREAM)
+    fails = False
+    assert isinstance(make_prefill_attention("cuda", config, torch.bfloat16, FP8), Kernel)
+    shape = config.shape
+    assert built == [(shape.heads, shape.kv_heads, shape.head_dim)]
+    fails = True
+    assert isinstance(make_prefill_attention("cuda", config, torch.bfloat16, FP8), TorchPrefillAttention)
+    monkeypatch.setattr(prefill_attention, "TRITON_KERNEL", False)
+    fails = False
+    assert isinstance(make_prefill_attention("cuda", config, torch.bfloat16, FP8), TorchPrefillAttention)
+    assert len(built) == 1

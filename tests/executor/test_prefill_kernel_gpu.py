@@ -28,10 +28,7 @@ FP8 = torch.float8_e4m3fn
 def test_triton_prefill_attention_over_own_rows_equals_sdpa(
     heads: int, kv_heads: int, config: tuple[int, int, int, int]
 ) -> None:
-    block_m, block_n, warps, stages = config
-    attention = prefill_kernel.TritonPrefillAttention(
-        heads, kv_heads, HEAD_DIM, device="cuda", block_m=block_m, block_n=block_n, warps=warps, stages=stages
-    )
+    attention = prefill_kernel.TritonPrefillAttention(heads, kv_heads, HEAD_DIM, device="cuda", config=config)
     check_prefill_attention(attention, heads, kv_heads, HEAD_DIM)
 
 

@@ -23,7 +23,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -100,46 +100,49 @@ def _cross_validate(
     return errs
 
 
+class _Trial(NamedTuple):
+    """One candidate's terms at its best knee, and its held-out errors there."""
+
+    mape: float
+    name: str
+    terms: tuple[str, ...]
+    knee: float
+    errs: list[float]
+
+
 def fit(samples: Sequence[Sample], seed: int = 0, folds: int = 10) -> FitReport:
     """Choose terms and knee by K-fold held-out error; refit the winner on every point."""
     if len(samples) < 5 * folds:
         raise ValueError(f"need at least {5 * folds} measured iterations to fit, got {len(samples)}")
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
-    best: tuple[float, str, float, list[float]] | None = None
+    best: _Trial | None = None
     for name, terms in CANDIDATES.items():
         chosen = base = _best_knee(samples, name, terms, order, folds)
         if any(s.features.mixed for s in samples):
             mixed = _best_knee(samples, name + MIXED, (*terms, "per_mixed"), order, folds)
             # per_mixed must beat its base by more than one standard error of the base's held-out errors
-            if mixed[0] < base[0] - statistics.stdev(base[3]) / math.sqrt(len(base[3])):
+            if mixed.mape < base.mape - statistics.stdev(base.errs) / math.sqrt(len(base.errs)):
                 chosen = mixed
-        if best is None or chosen[0] < best[0]:
+        if best is None or chosen.mape < best.mape:
             best = chosen
     assert best is not None
-    mape, name, knee, errs = best
-    errs = sorted(errs)
+    errs = sorted(best.errs)
     p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
-    coefficients = solve(samples, knee, _terms(name))
-    return FitReport(coefficients, name, len(samples), folds, mape, p90, errs[-1])
-
-
-def _terms(candidate: str) -> tuple[str, ...]:
-    """The terms of `candidate`: one of CANDIDATES, or its MIXED variant."""
-    base = candidate.removesuffix(MIXED)
-    return (*CANDIDATES[base], "per_mixed") if candidate != base else CANDIDATES[base]
+    coefficients = solve(samples, best.knee, best.terms)
+    return FitReport(coefficients, best.name, len(samples), folds, best.mape, p90, errs[-1])
 
 
 def _best_knee(
-    samples: Sequence[Sample], name: str, terms: Sequence[str], order: list[int], folds: int
-) -> tuple[float, str, float, list[float]]:
-    """(held-out MAPE, name, knee, held-out errors) of `terms` at the knee that gives the lowest MAPE."""
-    best: tuple[float, str, float, list[float]] | None = None
+    samples: Sequence[Sample], name: str, terms: tuple[str, ...], order: list[int], folds: int
+) -> _Trial:
+    """`terms` at the knee that gives the lowest held-out MAPE."""
+    best: _Trial | None = None
     for knee in _knees(samples):
         errs = _cross_validate(samples, knee, terms, order, folds)
         mape = sum(errs) / len(errs)
-        if best is None or mape < best[0]:
-            best = (mape, name, knee, errs)
+        if best is None or mape < best.mape:
+            best = _Trial(mape, name, terms, knee, errs)
     assert best is not None
     return best
 

@@ -210,7 +210,7 @@ class Router:
         self._set_up(worker, False)
         self.workers_lost += 1
         held = self._held
-        hit = [b for b in self._books.values() if worker in (b[2], b[3]) or held.get(b[0].id) == worker]
+        hit = self._held_by(worker)
         if not self._serving:
             hit = list(self._books.values())  # none of them can finish
         out: list[Action | Recovery] = []
@@ -231,6 +231,16 @@ class Router:
         if not self._serving:
             return [*out, *self.give_up(now, f"worker {worker} was lost and {self._missing()}")]
         return [*out, *self._drain(now)]
+
+    def forwards_at_risk(self, worker: int) -> int:
+        """The forwards that losing `worker` now would redo: those its held blocks have run."""
+        return sum(b[0].step for b in self._held_by(worker))
+
+    def _held_by(self, worker: int) -> list[tuple[Request, _Stage, int, int]]:
+        """The books of the blocks that `worker` holds: placed there, moving to or from it, or (under
+        fastdllm) of the request holding it."""
+        held = self._held
+        return [b for b in self._books.values() if worker in (b[2], b[3]) or held.get(b[0].id) == worker]
 
     def on_worker_joined(self, now: float, worker: int) -> list[Action]:
         """Worker `worker` (lost before) is back, empty: it takes work again."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from factories import make_batcher, make_request
@@ -43,6 +44,7 @@ def test_a_lost_colocated_worker_sends_its_queue_and_decodes_to_the_others() -> 
     assert r.on_arrival(0.2, c) == [Dispatch(c, lost)]  # 100 outstanding beats 200
     r.on_iteration(1.0, lost, prefilled(a))
     a.step = 5  # a decoded 4 forwards there; c is still queued
+    assert (r.forwards_at_risk(lost), r.forwards_at_risk(db.worker)) == (5, 0)  # b is not prefilled yet
     ready = a.record.ready
     assert r.on_worker_lost(2.0, lost) == [Dispatch(a, db.worker), Dispatch(c, db.worker)]  # arrival order
     assert a.block == 0 and a.step == 0 and a.record.ready == ready and a.record.dispatch == 2.0
@@ -85,6 +87,7 @@ def test_losing_the_destination_of_a_transfer_drops_the_kv_at_the_source() -> No
     r.on_arrival(0.0, a)
     (t,) = r.on_iteration(1.0, 0, prefilled(a, handoff=True))
     assert isinstance(t, Transfer)
+    assert r.forwards_at_risk(0) == r.forwards_at_risk(t.dst) == 1  # moving: both ends hold it
     assert r.on_worker_lost(1.2, t.dst) == [Drop(a, 0), Dispatch(a, 0)]
     assert r.free[0] == 90 and r.free[t.dst] == 100 and r.forwards_redone == 1
 
@@ -374,25 +377,37 @@ def failing_scenarios(draw: Any) -> dict[str, Any]:
     }
 
 
+_on_worker_lost = Router.on_worker_lost
+
+
+def redoing_what_was_at_risk(router: Router, now: float, worker: int) -> list[Any]:
+    """`Router.on_worker_lost`, checking that a loss redoes what `forwards_at_risk` counted."""
+    at_risk, before = router.forwards_at_risk(worker), router.forwards_redone
+    out = _on_worker_lost(router, now, worker)
+    assert router.forwards_redone - before == at_risk
+    return out
+
+
 @settings(max_examples=80)
 @given(failing_scenarios())
 def test_survivable_failures_complete_every_request_once_and_balance_every_page(
     scenario: dict[str, Any],
 ) -> None:
     requests = scenario["requests"]
-    cluster = run_cluster(
-        requests,
-        scenario["mode"],
-        cost=LinearCost(0.01, 1e-5),
-        budget=scenario["budget"],
-        pages=scenario["pages"],
-        theta=scenario["theta"],
-        link=LinkSpec(50.0, 0.001),
-        control_s=scenario["control_s"],
-        policy=scenario["policy"],
-        failures=scenario["failures"],
-        restart_after_s=scenario["restart"],
-    )
+    with patch.object(Router, "on_worker_lost", redoing_what_was_at_risk):
+        cluster = run_cluster(
+            requests,
+            scenario["mode"],
+            cost=LinearCost(0.01, 1e-5),
+            budget=scenario["budget"],
+            pages=scenario["pages"],
+            theta=scenario["theta"],
+            link=LinkSpec(50.0, 0.001),
+            control_s=scenario["control_s"],
+            policy=scenario["policy"],
+            failures=scenario["failures"],
+            restart_after_s=scenario["restart"],
+        )
     for req in requests:
         assert req.error is None and req.finished
         assert req.block == req.n_blocks == len(req.blocks)  # every block ended exactly once

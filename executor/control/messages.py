@@ -168,6 +168,7 @@ class WorkerState:
     pid: int = 0  # of the process that registered last
     device: str = ""  # the device it registered (e.g. cpu, or cuda:0 (NVIDIA H200))
     lost_reason: str = ""  # why it was declared lost (empty unless lost)
+    forwards_at_risk: int = 0  # forwards its held blocks have run: what losing it now would redo
 
 
 @dataclass(frozen=True, slots=True)

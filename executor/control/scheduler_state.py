@@ -280,9 +280,20 @@ class SchedulerState:
             info = self.workers[wid]
             pages = info.registration.pages
             free = pages if info.free_pages is None else info.free_pages
-            tally = (router.free[wid], router.outstanding[wid]) if router is not None else (0, 0)
-            reg, why = info.registration, info.lost_reason if info.lost else ""
-            state = WorkerState(wid, info.role, pages, free, *tally, info.lost, reg.pid, reg.device, why)
+            reg = info.registration
+            state = WorkerState(
+                wid,
+                info.role,
+                pages,
+                free,
+                router_free=router.free[wid] if router else 0,
+                outstanding=router.outstanding[wid] if router else 0,
+                lost=info.lost,
+                pid=reg.pid,
+                device=reg.device,
+                lost_reason=info.lost_reason if info.lost else "",
+                forwards_at_risk=router.forwards_at_risk(wid) if router else 0,
+            )
             workers.append(state)
         return ClusterStatus(
             ready=self.complete and not self.failure,

@@ -355,6 +355,7 @@ class WorkerState(_message.Message):
         "pid",
         "device",
         "lost_reason",
+        "forwards_at_risk",
     )
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +367,7 @@ class WorkerState(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LOST_REASON_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_AT_RISK_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     role: str
     pages: int
@@ -376,6 +378,7 @@ class WorkerState(_message.Message):
     pid: int
     device: str
     lost_reason: str
+    forwards_at_risk: int
     def __init__(
         self,
         worker_id: _Optional[int] = ...,
@@ -388,6 +391,7 @@ class WorkerState(_message.Message):
         pid: _Optional[int] = ...,
         device: _Optional[str] = ...,
         lost_reason: _Optional[str] = ...,
+        forwards_at_risk: _Optional[int] = ...,
     ) -> None: ...
 
 class ResultsRequest(_message.Message):

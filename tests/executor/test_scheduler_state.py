@@ -358,6 +358,7 @@ def test_a_worker_holding_work_is_lost_after_the_timeout_without_a_report_and_an
     core.on_batch(ReportBatch(1 - holder))  # a heartbeat of the idle one
     core.lose_silent(5.0)
     assert not any(w.lost for w in core.status().workers)
+    assert [w.forwards_at_risk for w in core.status().workers] == [2 if w == holder else 0 for w in (0, 1)]
     clock.now += 2.0
     core.lose_silent(5.0)
     assert [w.lost for w in core.status().workers] == [w == holder for w in (0, 1)]

@@ -47,8 +47,10 @@ import multiprocessing
 import statistics
 import sys
 import time
+import types
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
@@ -234,16 +236,20 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 
-def idle(label: str, fn: Callable[[], object], top: int = 8) -> None:
+def idle(label: str, fn: Callable[[], object], runner: ModelRunner | None = None, top: int = 8) -> None:
     """Where the GPU idles in one call of `fn` (after a warm-up): the time from the call's start to its first
     GPU work, the idle between its GPU events (kernels, copies, memsets), and the longest such gaps with the
-    events on either side."""
+    events on either side. With `runner`, also when each of its host steps ran (`host_steps`) and when
+    the call returned to the host, against the call's start."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
     fn()
     torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with (
+        torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+        scoped(host_steps(runner) if runner is not None else []),
+    ):
         with record_function("call"):
             fn()
         torch.cuda.synchronize()
@@ -264,12 +270,63 @@ def idle(label: str, fn: Callable[[], object], top: int = 8) -> None:
             gaps.append((start - reach, before, after))
     total = sum(gap for gap, _, _ in gaps) / 1e3
     span = (max(end for _, end, _ in gpu) - gpu[0][0]) / 1e3
+    origin = call.time_range.start
     print(
-        f"[idle] {label}: first GPU work {(gpu[0][0] - call.time_range.start) / 1e3:.2f} ms after the call "
-        f"starts; GPU span {span:.2f} ms, idle {total:.2f} ms in {len(gaps)} gaps"
+        f"[idle] {label}: first GPU work {(gpu[0][0] - origin) / 1e3:.2f} ms after the call starts; GPU span "
+        f"{span:.2f} ms, idle {total:.2f} ms in {len(gaps)} gaps; the host returns at "
+        f"{(call.time_range.end - origin) / 1e3:.2f} ms"
     )
     for gap, before, after in sorted(gaps, reverse=True)[:top]:
         print(f"[idle]     {gap:8.1f} us  after {before[:50]}  before {after[:50]}")
+    steps: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.name.startswith("host:"):
+            steps[e.name[5:]].append((e.time_range.start - origin, e.time_range.end - e.time_range.start))
+    for name, spans in sorted(steps.items(), key=lambda kv: kv[1][0][0]):
+        print(
+            f"[idle]     host {name:<22} x{len(spans):<3} first at {spans[0][0] / 1e3:6.2f} ms, "
+            f"{spans[0][1] / 1e3:6.3f} ms then, {sum(d for _, d in spans) / 1e3:6.3f} ms in all"
+        )
+
+
+def host_steps(runner: ModelRunner) -> list[tuple[object, str]]:
+    """The runner's host steps of one forward, as (owner, attribute) pairs for `scoped`."""
+    from executor.model import forward
+
+    pairs = [
+        (runner.cache, "page_table"), (forward, "plan_microbatch"), (runner.backend, "plan"),
+        (runner.prefill, "plan"), (forward.PagedAttention, "__call__"), (runner.pieces, "run"),
+        (runner.model, "body"), (runner.model, "head"),
+    ]  # fmt: skip
+    return [(owner, name) for owner, name in pairs if owner is not None]
+
+
+@contextmanager
+def scoped(steps: Sequence[tuple[object, str]]) -> Iterator[None]:
+    """Within the block, each (owner, attribute) callable runs inside a profiler scope `host:<name>`
+    (`host:<class>.<name>` for a class's or an instance's method)."""
+    from torch.profiler import record_function
+
+    def wrap(name: str, call: Callable[..., object]) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            with record_function(f"host:{name}"):
+                return call(*args, **kwargs)
+
+        return run
+
+    saved = [(owner, name, vars(owner).get(name)) for owner, name in steps]
+    for owner, name in steps:
+        kind = owner if isinstance(owner, type) else type(owner)
+        label = name if isinstance(owner, types.ModuleType) else f"{kind.__name__}.{name}"
+        setattr(owner, name, wrap(label, getattr(owner, name)))
+    try:
+        yield
+    finally:
+        for owner, name, own in reversed(saved):
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
 
 
 def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -> list[Row]:
@@ -412,7 +469,7 @@ def bench_model(family: Family, args: argparse.Namespace, quant: str = "bf16") -
         pool.allocate(-2, pages_for(2048))
         item = ForwardItem(-2, Phase.PREFILL, random_tokens(config, 2048, seed=2), 1024)
         profile(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
-        idle(f"{family.value} prefill S=2048", lambda: runner.forward([item]))
+        idle(f"{family.value} prefill S=2048", lambda: runner.forward([item]), runner)
         pool.release(-2)
         for size in args.profile:
             batch = decodes[:size]

@@ -42,13 +42,15 @@ class PagedAttention:
         self.cache, self.backend, self.prefill, self.tail = cache, backend, prefill, tail
         self._store = SlotStore(plan.slots)
 
-    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None = None) -> Tensor:
+        """The layer's attention output (T, heads, d), written into `out` when given."""
         kv = self.cache.layers[layer]
         self._store(kv, k, v)
         if self.tail is None or self.prefill is None:
-            return self.backend.run(q, kv)
+            attended = self.backend.run(q, kv)
+            return attended if out is None else out.copy_(attended)
         start = self.tail.start
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         if start:
             out[:start] = self.backend.run(q[:start], kv)
         self.prefill.run(q[start:], k[start:], v[start:], out[start:])

@@ -11,11 +11,10 @@ Per bucket of B rows, graph 0 runs the embedding, layer 0's norm, q/k/v projecti
 projection, its MLP and layer i's norm, q/k/v projection and RoPE; graph L runs the last output projection
 and MLP and copies the MLP output and the residual stream out. Every layer's q/k/v projection writes into
 the same static `qkv` rows and RoPE rotates them in place, so the attention between graphs reads q, k and v
-where the graph left them: only its output is copied (into `attended`), a third of the bytes of q, k and v
-for LLaDA. Between graphs the forward's `LayerAttention` runs over the first T rows (storing their K/V,
-then attending). The LM head runs eagerly on the rows it reads. The buckets share one memory pool and their
-static rows; replays never interleave, so what one bucket's graphs leave in the pool is dead before
-another's run.
+where the graph left them and writes its output into the static `attended` rows (an `AttentionInto`: over
+the first T rows, storing their K/V, then attending). The LM head runs eagerly on the rows it reads. The
+buckets share one memory pool and their static rows; replays never interleave, so what one bucket's graphs
+leave in the pool is dead before another's run.
 
 A microbatch of T tokens runs in the smallest bucket of at least T rows; rows T .. B hold stale tokens and
 values. Every op but attention works row by row and attention sees only the first T rows, so no real row
@@ -26,12 +25,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from executor.model.transformer import LayerAttention, Transformer, split_heads
+from executor.model.transformer import Transformer, split_heads
+
+
+class AttentionInto(Protocol):
+    """A `LayerAttention` that writes its output into `out` (T, heads, d) and returns it."""
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor: ...
+
 
 ROWS = 128  # bucket step: the row tile of the FP8 GEMMs, so padding to it adds no GEMM tiles
 MAX_ROWS = 4096  # the largest bucket: live FP8 microbatches held at most 3,371 tokens (the seventh round)
@@ -68,7 +74,7 @@ class PiecewiseGraphs:
         self._capture()
         self.capture_seconds = time.perf_counter() - start
 
-    def run(self, tokens: Tensor, positions: Tensor, attend: LayerAttention) -> tuple[Tensor, Tensor] | None:
+    def run(self, tokens: Tensor, positions: Tensor, attend: AttentionInto) -> tuple[Tensor, Tensor] | None:
         count = len(tokens)
         rows = bucket_rows(count, self.buckets)
         if rows is None:
@@ -79,7 +85,7 @@ class PiecewiseGraphs:
         q, k, v = self.views(count)
         for layer, graph in enumerate(graphs[:-1]):
             graph.replay()
-            self.attended[:count].copy_(attend(layer, q, k, v))
+            attend(layer, q, k, v, self.attended[:count])
         graphs[-1].replay()
         return self.delta[:count], self.residual[:count]
 

@@ -16,16 +16,16 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    # on sangam-h200-fp8, profiled (piecewise graphs, mixed filler, Triton prefill attention) in the live
-    # runs' call. The earlier FP8 reports were simulated on the FP8 profiles of their day,
+    # on sangam-h200-fp8, profiled (piecewise graphs, attention into their static rows, Triton prefill) in
+    # the live runs' call. The earlier FP8 reports were simulated on the FP8 profiles of their day,
     # profiles/data/h200-fp8-kvfp8 at fe3c27d for validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for
     # ...-fp8-seed1[34].json, at fa1e503 for ...-fp8-[345]-seed1[34].json, at 054519f for
     # ...-fp8-6-seed1[34].json, at 330f859 for ...-fp8-7-seed1[34].json, at 7a0def5 for
-    # ...-fp8-8-seed1[34].json and at 9e650d6 for ...-fp8-9-seed1[34].json
-    # (seed13-call5: seed 13 again, on another loan of the H200)
+    # ...-fp8-8-seed1[34].json, at 9e650d6 for ...-fp8-9-seed1[34].json and at d141cc9 for
+    # ...-fp8-10-*.json
     **{
-        f"validate-llada-8b-h200-colocated-fp8-10-{run}.json": f"live-colocated-fp8-llada-8b-h200-10/{run}"
-        for run in ("seed13", "seed14", "seed15", "seed16", "seed17", "seed13-call5")
+        f"validate-llada-8b-h200-colocated-fp8-11-{run}.json": f"live-colocated-fp8-llada-8b-h200-11/{run}"
+        for run in ("seed13", "seed14", "seed15")
     },
 }
 SHARED_GPU = {  # simulated with the profiles of their day (docs/calibration.md): only the link figures hold

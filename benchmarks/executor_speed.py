@@ -314,16 +314,19 @@ def scoped(steps: Sequence[tuple[object, str]]) -> Iterator[None]:
 
         return run
 
-    saved = [(owner, name, vars(owner).get(name)) for owner, name in steps]
-    for owner, name in steps:
-        kind = owner if isinstance(owner, type) else type(owner)
-        label = name if isinstance(owner, types.ModuleType) else f"{kind.__name__}.{name}"
-        setattr(owner, name, wrap(label, getattr(owner, name)))
+    absent = object()  # the owner had no attribute of its own (an instance's method, say)
+    saved: list[tuple[object, str, object]] = []
     try:
+        for owner, name in steps:
+            kind = owner if isinstance(owner, type) else type(owner)
+            label = name if isinstance(owner, types.ModuleType) else f"{kind.__name__}.{name}"
+            wrapped = wrap(label, getattr(owner, name))
+            saved.append((owner, name, vars(owner).get(name, absent)))
+            setattr(owner, name, wrapped)
         yield
     finally:
         for owner, name, own in reversed(saved):
-            if own is None:
+            if own is absent:
                 delattr(owner, name)
             else:
                 setattr(owner, name, own)

@@ -233,14 +233,16 @@ class Router:
         return [*out, *self._drain(now)]
 
     def forwards_at_risk(self, worker: int) -> int:
-        """The forwards that losing `worker` now would redo: those its held blocks have run."""
+        """The forwards that the blocks `worker` holds have run: what losing it now would redo (or, where
+        the layout could not serve without it, lose with the requests that then fail)."""
         return sum(b[0].step for b in self._held_by(worker))
 
     def _held_by(self, worker: int) -> list[tuple[Request, _Stage, int, int]]:
         """The books of the blocks that `worker` holds: placed there, moving to or from it, or (under
         fastdllm) of the request holding it."""
         held = self._held
-        return [b for b in self._books.values() if worker in (b[2], b[3]) or held.get(b[0].id) == worker]
+        books = tuple(self._books.values())  # one step: a live status reads this while its core books
+        return [b for b in books if worker in (b[2], b[3]) or held.get(b[0].id) == worker]
 
     def on_worker_joined(self, now: float, worker: int) -> list[Action]:
         """Worker `worker` (lost before) is back, empty: it takes work again."""

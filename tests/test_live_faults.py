@@ -120,7 +120,11 @@ def kill_holding_forwards(run: Run, worker: int) -> int:
         run.status_when(lambda s: s.done >= 2 and s.workers[worker].forwards_at_risk > 0)  # type: ignore[attr-defined]
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.5)  # what it sent before it stopped reaches the scheduler
-        if run.client.status().workers[worker].forwards_at_risk > 0:
+        try:
+            held = run.client.status().workers[worker].forwards_at_risk
+        except SangamError:
+            held = 0  # look again
+        if held > 0:
             os.kill(pid, signal.SIGKILL)
             return pid
         os.kill(pid, signal.SIGCONT)

@@ -34,7 +34,8 @@ from executor.model.transformer import Transformer, split_heads
 
 
 class AttentionInto(Protocol):
-    """A `LayerAttention` that writes its output into `out` (T, heads, d) and returns it."""
+    """A `LayerAttention` that writes its output into `out` (T, heads, d), apart from q, k and v, and
+    returns it."""
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor: ...
 

@@ -19,8 +19,9 @@ from executor.model.fp8 import quantize_model
 from executor.model.kv_cache import PagedKVCache
 from executor.model.loading import random_model
 from executor.model.microbatch import Phase
-from executor.model.piecewise_graphs import ROWS, PiecewiseGraphs, bucket_rows
-from executor.model.transformer import LayerAttention, Transformer
+from executor.model.piecewise_graphs import ROWS, AttentionInto, PiecewiseGraphs, bucket_rows
+from executor.model.prefill_attention import TorchPrefillAttention
+from executor.model.transformer import Transformer
 from executor.worker.engine import build_runner
 from sangam.kv import PagePool
 
@@ -68,24 +69,39 @@ def test_the_body_leaves_every_layers_qkv_in_the_rows_it_is_given(quantized: boo
 
 
 class FakePieces:
-    """The body as `PiecewiseGraphs.run` returns it, for microbatches of at most `limit` tokens."""
+    """The body as `PiecewiseGraphs.run` returns it, for microbatches of at most `limit` tokens: each
+    layer's attention written into rows of its own (NaN until then), as into the graphs' static rows."""
 
     def __init__(self, model: Transformer, limit: int) -> None:
         self.model, self.limit = model, limit
         self.sizes: list[int] = []
 
-    def run(self, tokens: Tensor, positions: Tensor, attend: LayerAttention) -> tuple[Tensor, Tensor] | None:
+    def run(self, tokens: Tensor, positions: Tensor, attend: AttentionInto) -> tuple[Tensor, Tensor] | None:
         self.sizes.append(len(tokens))
-        return self.model.body(tokens, positions, attend) if len(tokens) <= self.limit else None
+        if len(tokens) > self.limit:
+            return None
+
+        def into(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            out = torch.full_like(q, float("nan"))
+            assert attend(layer, q, k, v, out) is out and not out.isnan().any()  # every row written
+            return out
+
+        return self.model.body(tokens, positions, into)
 
 
-def test_the_runner_takes_the_body_from_its_pieces_and_falls_back_to_the_model() -> None:
+@pytest.mark.parametrize("prefill", [None, TorchPrefillAttention()], ids=["over pages", "own rows"])
+def test_the_runner_takes_the_body_from_its_pieces_and_falls_back_to_the_model(
+    prefill: TorchPrefillAttention | None,
+) -> None:
+    """Over pages every row attends through the backend; over their own rows the prefill's rows through
+    `prefill`, after the decode's rows (the microbatch's tail)."""
     model = random_model(tiny(Family.DREAM), dtype=torch.float32, seed=3, std=0.2)
     shapes = [(40, Phase.DECODE), (70, Phase.PREFILL)]  # 104 rows, then 33 + 134 in the microbatch
 
     def logits(pieces: FakePieces | None) -> Tensor:
         cache = PagedKVCache.for_model(PagePool(64), model.config, dtype=torch.float32, device="cpu")
-        return run_microbatch(ModelRunner(model, cache, TorchAttention(), None, pieces), shapes)[1]  # type: ignore[arg-type]
+        runner = ModelRunner(model, cache, TorchAttention(), prefill, pieces)  # type: ignore[arg-type]
+        return run_microbatch(runner, shapes)[1]
 
     expected = logits(None)
     pieces = FakePieces(model, limit=150)

@@ -31,7 +31,8 @@ of 2,048 tokens <= 32 ms.
 `x serial` is the time as a multiple of the linear layers' bound plus attention's own bound, one after the
 other, which is what kernels that do not overlap can reach; `--table FILE` prints the rows of an earlier
 `--json FILE` (no GPU needed). `--profile B...` adds, per model, a kernel-time breakdown (torch.profiler)
-of a prefill and of eager and graphed decodes of B items, and where the GPU idles in the prefill.
+of a prefill and of eager and graphed decodes of B items, and where the GPU idles in the prefill and
+when each of the runner's host steps ran in it.
 `--gemms` times each linear layer's GEMM alone at the decode and prefill row counts: bf16 against FP8
 (row-wise scales, with and without fast accumulation; per-tensor scales) and the activation quantization. Each
 model is measured in a fresh process of its own (`bench_alone`). Only stdout is written, plus the rows as JSON

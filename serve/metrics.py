@@ -5,8 +5,8 @@ Per request, once it ends: end-to-end latency (HTTP arrival to the last block), 
 split of it summed over the request's blocks: queue time (waiting for a prefill, then for a decode seat;
 a dLLM waits again before every block), prefill time, decode time. The dLLM's own: forwards each block
 took, blocks run, prefills that overflowed to a colocated worker (hybrid layouts) and each KV transfer's
-duration. Gauges are read when scraped: requests waiting (queued at the scheduler) and running, and
-each worker's share of KV pages in use.
+duration. Gauges are read when scraped: requests waiting (queued at the scheduler) and running, each
+worker's share of KV pages in use, and the forwards its blocks have run (what losing it would redo).
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ class Metrics:
             "sangam:kv_cache_usage_perc", "Share of a worker's KV pages in use (0 to 1)",
             ["model_name", "worker"], registry=self.registry,
         )  # fmt: skip
+        self._at_risk = Gauge(
+            "sangam:worker_forwards_at_risk", "Forwards a worker's blocks have run (a loss redoes them)",
+            ["model_name", "worker"], registry=self.registry,
+        )  # fmt: skip
         self._model = model
 
     def finished(
@@ -92,4 +96,5 @@ class Metrics:
         for w in workers:
             used = 1.0 - w.free_pages / w.pages if w.pages else 0.0
             self._kv.labels(model_name=self._model, worker=str(w.worker_id)).set(used)
+            self._at_risk.labels(model_name=self._model, worker=str(w.worker_id)).set(w.forwards_at_risk)
         return generate_latest(self.registry)

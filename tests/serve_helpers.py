@@ -84,7 +84,7 @@ class FakeBackend:
         self.cancelled.append(request_id)
 
     async def status(self) -> ClusterStatus:
-        worker = WorkerState(0, "colocated", LIMITS.pages, LIMITS.pages)
+        worker = WorkerState(0, "colocated", LIMITS.pages, LIMITS.pages, forwards_at_risk=7)
         return ClusterStatus(
             True, 1, 1, len(self.submitted), 0, 0, 0, "", LIMITS.mask_len, "1C", 0, 0, 0, 0, 0.0, (worker,),
             None,

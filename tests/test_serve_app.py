@@ -280,6 +280,7 @@ def test_metrics_parse_and_count_a_finished_request() -> None:
         "sangam:num_requests_running", "sangam:num_requests_waiting", "sangam:kv_cache_usage_perc",
         "sangam:request_success", "sangam:prompt_tokens", "sangam:generation_tokens",
         "sangam:forwards_per_block", "sangam:blocks", "sangam:prefill_overflow", "sangam:kv_transfer_seconds",
+        "sangam:worker_forwards_at_risk",
     ):  # fmt: skip
         assert name in families, name
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
@@ -291,6 +292,7 @@ def test_metrics_parse_and_count_a_finished_request() -> None:
     assert value[("sangam:generation_tokens_total", model)] == 64
     assert value[("sangam:request_success_total", (("finished_reason", "length"), *model))] == 1
     assert value[("sangam:kv_cache_usage_perc", (*model, ("worker", "0")))] == 0.0
+    assert value[("sangam:worker_forwards_at_risk", (*model, ("worker", "0")))] == 7  # as the status says
 
 
 @given(st.lists(st.integers(0, 297), min_size=1, max_size=200), st.integers(1, 200))

@@ -237,11 +237,11 @@ def profile(label: str, fn: Callable[[], object], iterations: int = 3) -> None:
         print(f"[profile]     {ms:7.3f} ms  x{calls:<4d} {name[:110]}")
 
 
-def idle(label: str, fn: Callable[[], object], runner: ModelRunner | None = None, top: int = 8) -> None:
+def idle(label: str, fn: Callable[[], object], runner: ModelRunner, top: int = 8) -> None:
     """Where the GPU idles in one call of `fn` (after a warm-up): the time from the call's start to its first
     GPU work, the idle between its GPU events (kernels, copies, memsets), and the longest such gaps with the
-    events on either side. With `runner`, also when each of its host steps ran (`host_steps`) and when
-    the call returned to the host, against the call's start."""
+    events on either side; and when each of `runner`'s host steps ran (`host_steps`) and when the call
+    returned to the host, against the call's start."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
@@ -249,7 +249,7 @@ def idle(label: str, fn: Callable[[], object], runner: ModelRunner | None = None
     torch.cuda.synchronize()
     with (
         torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
-        scoped(host_steps(runner) if runner is not None else []),
+        scoped(host_steps(runner)),
     ):
         with record_function("call"):
             fn()

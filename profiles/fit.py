@@ -9,8 +9,9 @@ not see it) are the reported held-out figures, and the final coefficients use ev
 Each candidate may take `per_mixed` (a microbatch with both prefills and decodes) only where that
 lowers its held-out MAPE by more than one standard error of the candidate's own held-out errors (taken
 unpaired, which asks more of the term than the paired difference would): a term must earn its place. On the
-H200 both FP8 profiles take it (LLaDA-8B 3.20% -> 2.53%, Dream-7B 4.15% -> 3.66%); LLaDA-8B's bf16 profile
-would gain 0.015 points (its standard error 0.016), the others nothing, and they keep their fits.
+H200 LLaDA-8B's shipped FP8 profile takes it (3.33% -> 2.90%) and Dream-7B's does not (3.91%, 3.61% with it:
+less than a standard error); LLaDA-8B's bf16 profile would gain 0.015 points (its standard error 0.016), the
+others nothing, and they keep their fits.
 
 `fit_graphs` fits each CUDA-graph bucket's own line (`GraphTimes`) on that bucket's decode-only replays,
 by the same relative least squares, with its leave-one-out error.

@@ -95,6 +95,13 @@ def test_argmax_proposals_and_the_mask_id_is_never_proposed() -> None:
     assert (confidence < 1e-30).all()  # confidence is the raw softmax, where the mask took all the mass
 
 
+def test_bf16_logits_are_scored_in_float32() -> None:
+    logits = (3 * torch.randn(2, BLOCK, VOCAB, generator=torch.Generator().manual_seed(1))).bfloat16()
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    expected[..., MASK] = -torch.inf
+    assert torch.equal(log_probs(logits, MASK), expected)  # float32 from the bf16 values, not bf16 rounding
+
+
 def test_gumbel_sampling_is_reproducible_per_seed_block_and_step() -> None:
     flat = torch.zeros(BLOCK, VOCAB)
     hot = step(2, temperature=1.0, seed=42)

@@ -138,6 +138,12 @@ class TritonPrefillAttention:
             return
         if any(t.stride(2) != 1 for t in (q, k, v, out)):
             raise ValueError("prefill attention reads and writes head-contiguous rows")
+        heads, kv_heads = (len(q), self.heads, self.head_dim), (len(q), self.kv_heads, self.head_dim)
+        if (q.shape, k.shape, v.shape, out.shape) != (heads, kv_heads, kv_heads, heads):  # else reads astray
+            raise ValueError(
+                f"prefill attention of {self.heads} query and {self.kv_heads} KV heads of {self.head_dim}: "
+                f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out {tuple(out.shape)}"
+            )
         _PREFILL(
             (len(self._tiles), self.heads),
             q,

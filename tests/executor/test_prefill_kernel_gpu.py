@@ -32,6 +32,17 @@ def test_triton_prefill_attention_over_own_rows_equals_sdpa(
     check_prefill_attention(attention, heads, kv_heads, HEAD_DIM)
 
 
+@pytest.mark.parametrize("wrong", ["q", "k", "v", "out"])
+def test_triton_prefill_attention_refuses_rows_of_other_heads(wrong: str) -> None:
+    attention = prefill_kernel.TritonPrefillAttention(8, 2, HEAD_DIM, device="cuda", config=(64, 64, 4, 3))
+    attention.plan(torch.tensor([0, 4], dtype=torch.int32))
+    heads = {"q": 8, "k": 2, "v": 2, "out": 8}
+    heads[wrong] += 1
+    rows = {name: torch.zeros(4, n, HEAD_DIM, dtype=DTYPE, device="cuda") for name, n in heads.items()}
+    with pytest.raises(ValueError, match="prefill attention of 8 query and 2 KV heads"):
+        attention.run(rows["q"], rows["k"], rows["v"], rows["out"])
+
+
 def test_prefills_over_fp8_pages_on_cuda_take_the_triton_kernel_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -41,6 +41,7 @@ from executor.model.forward import SlotStore
 from executor.model.fp8 import FP8
 from executor.model.kv_cache import KVSlots
 from executor.model.prefill_attention import TorchPrefillAttention
+from executor.model.transformer import split_heads
 from sangam.hardware import PAGE, pages_for
 
 CALLS = 10
@@ -151,8 +152,7 @@ def bench(
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     rows = sum(lengths)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(torch.bfloat16).cuda()
-    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-    q, k, v = q.view(rows, heads, dim), k.view(rows, kv_heads, dim), v.view(rows, kv_heads, dim)
+    q, k, v = split_heads(qkv, heads, kv_heads, dim)
     expected = reference(q, k, v, lengths)
     flops = sum(4 * n * n * heads * dim for n in lengths)
     label = ",".join(map(str, lengths))

@@ -92,7 +92,8 @@ class PiecewiseGraphs:
 
     def views(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """q (count, heads, d), k and v (count, kv_heads, d): views of the first `count` static `qkv` rows."""
-        return split_heads(self.model.config, self.qkv[:count])
+        shape = self.model.config.shape
+        return split_heads(self.qkv[:count], shape.heads, shape.kv_heads, shape.head_dim)
 
     def _capture(self) -> None:
         side = torch.cuda.Stream(self.model.device)

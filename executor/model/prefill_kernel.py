@@ -22,6 +22,7 @@ from torch import Tensor
 
 from executor.model.fp8_kernels import Launcher
 from executor.model.prefill_attention import prefill_tiles
+from executor.model.transformer import split_heads
 
 
 @triton.jit
@@ -125,10 +126,9 @@ class TritonPrefillAttention:
         self.device = torch.device(device)
         self.block_m, self.block_n, self.warps, self.stages = config
         qkv = torch.zeros(1, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=self.device)
-        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = q.view(1, heads, head_dim)
+        q, k, v = split_heads(qkv, heads, kv_heads, head_dim)
         self.plan(torch.tensor([0, 1], dtype=torch.int32))
-        self.run(q, k.view(1, kv_heads, head_dim), v.view(1, kv_heads, head_dim), torch.empty_like(q))
+        self.run(q, k, v, torch.empty_like(q))
 
     def plan(self, indptr: Tensor) -> None:
         self._tiles = prefill_tiles(indptr, self.block_m).to(self.device, non_blocking=True)

@@ -24,15 +24,10 @@ class LayerAttention(Protocol):
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
 
-def split_heads(config: ModelConfig, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def split_heads(qkv: Tensor, heads: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """q (T, heads, d), k and v (T, kv_heads, d): views of the q/k/v projection's rows (T, qkv_width)."""
-    shape = config.shape
-    q, k, v = qkv.split([shape.heads * shape.head_dim, *[shape.kv_heads * shape.head_dim] * 2], dim=-1)
-    return (
-        q.view(-1, shape.heads, shape.head_dim),
-        k.view(-1, shape.kv_heads, shape.head_dim),
-        v.view(-1, shape.kv_heads, shape.head_dim),
-    )
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    return q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), v.view(-1, kv_heads, head_dim)
 
 
 class SelfAttention(nn.Module):
@@ -53,7 +48,8 @@ class SelfAttention(nn.Module):
             self.qkv(x, out=qkv)
         else:
             qkv.copy_(self.qkv(x))
-        q, k, v = split_heads(self.config, qkv)
+        shape = self.config.shape
+        q, k, v = split_heads(qkv, shape.heads, shape.kv_heads, shape.head_dim)
         q, k = rope(q, k)
         return self.out(attend(layer, q, k, v).flatten(1))
 

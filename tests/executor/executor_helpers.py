@@ -19,7 +19,7 @@ from executor.model.config import Family, ModelConfig, tiny
 from executor.model.forward import ModelRunner
 from executor.model.microbatch import ForwardItem, Phase
 from executor.model.prefill_attention import PrefillAttention, TorchPrefillAttention
-from executor.model.transformer import Transformer
+from executor.model.transformer import Transformer, split_heads
 from sangam.hardware import BLOCK, pages_for
 
 
@@ -177,8 +177,7 @@ def check_prefill_attention(attention: PrefillAttention, heads: int, kv_heads: i
     for lengths in ([300, 77, 1000], [1, 2048], [33], [256, 128]):
         width = (heads + 2 * kv_heads) * head_dim
         qkv = torch.randn(sum(lengths), width, dtype=torch.bfloat16, device="cuda", generator=generator)
-        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q, k, v = q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), v.view(-1, kv_heads, head_dim)
+        q, k, v = split_heads(qkv, heads, kv_heads, head_dim)
         offsets = indptr(lengths)
         expected, actual = torch.empty_like(q), torch.full_like(q, float("nan"))
         reference.plan(offsets)

@@ -13,9 +13,10 @@ queries cast to fp16 inside `run`, `flashinfer_backend.query_dtype`) and fp16 / 
 FlashInfer's Hopper (fa3) kernels, eagerly timed, for bf16 / bf16 and for FP8 queries over FP8 pages
 (scales 1), as a probe: the executor does not use them. `page` rows time `Fp8PageAttention` (the Triton
 kernel the decode graphs run over FP8 pages: bf16 queries, fp16 inside), graphed, at its defaults;
-`--page-sweep` adds a grid of its packed query rows per program, KV step and splits (labelled
-`mM nN wW sS xK`). Each row gives us per call, the KV read rate (GB/s; bytes of the pages read) and
-the output's relative error against bf16 / bf16 over the same values (||o - o_ref|| / ||o_ref||).
+`--page-sweep` adds a grid of its packed query rows per program, KV step, splits and grid order (labelled
+`mM nN wW sS xK`, `hf` where programs launched together take one item's KV heads), then its pipeline's
+depth (stages) in either order. Each row gives us per call, the KV read rate (GB/s; bytes of the pages
+read) and the output's relative error against bf16 / bf16 over the same values (||o - o_ref|| / ||o_ref||).
 Only stdout is written.
 """
 
@@ -123,9 +124,11 @@ def bench(family: Family, items: int, context: int, generator: torch.Generator, 
     page_rows(family, layout, q32.to(torch.bfloat16).cuda(), kv_by[FP8], reference, sweep)
 
 
-# (packed query rows a program holds, KV step, warps, stages, splits); 8 warps ran slower in every case
-# of an earlier sweep (docs/executor-performance.md, the fifth round)
-PAGE_CONFIGS = tuple((m, n, 4, 3, x) for m in (32, 64, 128) for n in (64, 128) for x in (1, 2, 4, 8))
+# (packed query rows a program holds, KV step, warps, stages, splits, heads first); 8 warps ran slower in
+# every case of an earlier sweep (docs/executor-performance.md, the fifth round)
+PAGE_CONFIGS = tuple(
+    (m, n, 4, 3, x, h) for m in (32, 64, 128) for n in (64, 128) for x in (1, 2, 4, 8) for h in (False, True)
+)
 
 
 def page_rows(
@@ -146,19 +149,23 @@ def page_rows(
         shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
         max_pages=len(kv), device="cuda", multiprocessors=sms,
     )  # fmt: skip
-    settings = [(default.block_m, default.block_n, default.warps, default.stages, default.splits)]
-    if sweep:
+    settings = [
+        (default.block_m, default.block_n, default.warps, default.stages, default.splits, default.heads_first)
+    ]
+    if sweep:  # the grid above, then the pipeline's depth in either order at the defaults
         settings += PAGE_CONFIGS
+        settings += [(*settings[0][:3], s, settings[0][4], h) for s in (2, 4) for h in (False, True)]
     kv_bytes = items * context * 2 * shape.kv_heads * shape.head_dim
     packed = shape.heads // shape.kv_heads * (len(q) // items)
-    for block_m, block_n, warps, stages, splits in dict.fromkeys(settings):
+    for block_m, block_n, warps, stages, splits, heads_first in dict.fromkeys(settings):
         attention = Fp8PageAttention(
             shape.heads, shape.kv_heads, shape.head_dim, items=items, rows=len(q) // items,
             max_pages=len(kv), device="cuda", multiprocessors=sms, splits=splits,
         )  # fmt: skip
         attention.block_n, attention.warps, attention.stages = block_n, warps, stages
+        attention.heads_first = heads_first
         attention.block_m, attention.m_tiles = block_m, -(-packed // block_m)
-        label = f"m{block_m} n{block_n} w{warps} s{stages} x{splits}"
+        label = f"m{block_m} n{block_n} w{warps} s{stages} x{splits}{' hf' if heads_first else ''}"
         try:
             attention.plan(layout)
             us = graphed_ms(functools.partial(attention.run, q, kv), calls=CALLS) * 1e3

@@ -57,16 +57,20 @@ def _attend(  # type: ignore[no-untyped-def]  # a Triton kernel: its annotations
     M_TILES: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLITS: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    item = tl.program_id(0)
-    kv_head = tl.program_id(1) // M_TILES
+    # HEADS_FIRST: programs launched next to each other take the KV heads of one item (they read
+    # neighbouring bytes of the same pages), else one KV head of neighbouring items
+    tile = tl.program_id(0) if HEADS_FIRST else tl.program_id(1)
+    item = tl.program_id(1) if HEADS_FIRST else tl.program_id(0)
+    kv_head = tile // M_TILES
     split = tl.program_id(2)
     q_start = tl.load(qo_indptr + item)
     q_len = tl.load(qo_indptr + item + 1) - q_start
     kv_len = tl.load(kv_lens + item)
     first_page = tl.load(kv_indptr + item)
     # packed rows: query head (of this KV head's group) major, the item's query row minor
-    m = (tl.program_id(1) % M_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = (tile % M_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
     head = kv_head * (HEADS // KV_HEADS) + m // ROWS
     row = m % ROWS
     live = (m < (HEADS // KV_HEADS) * ROWS) & (row < q_len)
@@ -176,6 +180,7 @@ class Fp8PageAttention:
         # the fastest on an H200 (`benchmarks/kv_attention_speed.py --page-sweep` sweeps these): 128 KV
         # positions a step for one query head's 32 rows (LLaDA), 64 for a GQA group's 231 (Dream)
         self.block_n, self.warps, self.stages = (128 if packed <= 64 else 64), 4, STAGES
+        self.heads_first = False  # the grid's order (`_attend`); the sweep times both
         device = torch.device(device)
 
         def int32(length: int) -> Tensor:
@@ -216,8 +221,9 @@ class Fp8PageAttention:
         if not self._rows <= rows <= self.items * self.rows:
             raise ValueError(f"{rows} query rows, not {self._rows} to {self.items} items of {self.rows}")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        tiles = self.kv_heads * self.m_tiles
         _ATTEND(
-            (self.items, self.kv_heads * self.m_tiles, self.splits),
+            (tiles, self.items, self.splits) if self.heads_first else (self.items, tiles, self.splits),
             q,
             kv_layer,
             out,
@@ -242,6 +248,7 @@ class Fp8PageAttention:
             M_TILES=self.m_tiles,
             BLOCK=self.block_n,
             SPLITS=self.splits,
+            HEADS_FIRST=self.heads_first,
         )
         if self.splits > 1:
             _MERGE(

@@ -55,8 +55,9 @@ def decode_case(
     [(32, 32, 32, 1), (32, 32, 32, 4), (28, 4, 33, 1), (28, 4, 33, 16)],
     ids=["llada", "llada-split", "dream", "dream-split"],
 )
+@pytest.mark.parametrize("heads_first", [False, True], ids=["items-first", "heads-first"])
 def test_the_page_kernel_matches_torch_over_the_same_fp8_pages(
-    heads: int, kv_heads: int, rows: int, splits: int
+    heads: int, kv_heads: int, rows: int, splits: int, heads_first: bool
 ) -> None:
     from executor.model.fp8_attention import Fp8PageAttention
 
@@ -74,6 +75,7 @@ def test_the_page_kernel_matches_torch_over_the_same_fp8_pages(
         multiprocessors=132,
         splits=splits,
     )
+    attention.heads_first = heads_first
     attention.plan(layout)
     reference = TorchAttention()
     reference.plan(layout)

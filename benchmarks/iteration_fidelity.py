@@ -5,8 +5,10 @@
 For each live run directory (`sangam live --out DIR --iteration-log DIR/iterations.csv`), prints per
 iteration kind (decode-only by batch size, prefill-only, mixed) the count, the mean live wall time
 (`profiles.store.live_seconds`: host work included, to the next start where the loop went straight on),
-the mean GPU time of the forward, and the profile's error on them (the GPU's profile, or the one in
-`--profile DIR` under profiles/data, such as h200-fp8-kvfp8);
+the mean time of the worker's step (`Engine.step`, what a profile times: live less step is the worker
+loop's own work between steps), the mean GPU time of the forward (step less GPU: the step's host work and
+the sampler), and the profile's error on the live time (the GPU's profile, or the one in `--profile DIR`
+under profiles/data, such as h200-fp8-kvfp8);
 then, for decode-only iterations of 2 or more items, by item count: the mean of the GPU time minus the
 profile's price and its correlation with the contexts' imbalance (items x the longest context - their
 sum: an unsplit attention grid waits for the longest, which the graph buckets' own lines price);
@@ -44,19 +46,21 @@ def priced(rows: list[dict[str, str]], profile: Profile) -> Priced:
 
 
 def iterations(directory: Path, rows: Priced) -> None:
-    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     for row, shape, price in rows:
         entry = sums[kind(shape)]
         entry[0] += 1
         entry[1] += live_seconds(row)
-        entry[2] += float(row["gpu_s"])
-        entry[3] += price
+        entry[2] += float(row["end"]) - float(row["start"])
+        entry[3] += float(row["gpu_s"])
+        entry[4] += price
     print(f"{directory}: iterations")
-    header = ("kind", "n", "live ms", "GPU ms", "profile ms", "error", "time %")
-    print("  {:<11} {:>6} {:>8} {:>7} {:>10} {:>7} {:>6}".format(*header))
+    header = ("kind", "n", "live ms", "step ms", "GPU ms", "profile ms", "error", "time %")
+    print("  {:<11} {:>6} {:>8} {:>7} {:>7} {:>10} {:>7} {:>6}".format(*header))
     total = sum(entry[1] for entry in sums.values())
-    for name, (n, wall, gpu_s, predicted) in sorted(sums.items()):
-        means = f"{wall / n * 1e3:>8.2f} {gpu_s / n * 1e3:>7.2f} {predicted / n * 1e3:>10.2f}"
+    for name, (n, wall, step, gpu_s, predicted) in sorted(sums.items()):
+        ms = [seconds / n * 1e3 for seconds in (wall, step, gpu_s, predicted)]
+        means = "{:>8.2f} {:>7.2f} {:>7.2f} {:>10.2f}".format(*ms)
         error, share = 100 * (predicted - wall) / wall, 100 * wall / total
         print(f"  {name:<11} {n:>6.0f} {means} {error:>+6.1f}% {share:>6.1f}")
 

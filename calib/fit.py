@@ -58,6 +58,11 @@ class FitOptions:
         (), "instead: live run directories whose blocks.csv give forwards per block (empirical)",
         parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
+    loop: tuple[Path, ...] = option(
+        (), "instead: live run directories of our executor whose iterations.csv give its worker loop's "
+        "time between steps (which a profile does not time), charged per iteration as a + b * items",
+        parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
+    )  # fmt: skip
     profile: Path | None = option(
         None, "instead: a directory of `sangam profile` data (e.g. profiles/data/h200-fp8-kvfp8) whose "
         "iteration times and KV pages the new testbed takes", parse=Path, metavar="DIR",

@@ -1,5 +1,6 @@
 """`sangam fit`: fit a testbed's forwards per block (and time scales per iteration kind) to observed
-load-curve points (or measure forwards per block from live runs' blocks) and write it as a new testbed."""
+load-curve points (or measure forwards per block, or the worker loop, from live runs) and write it as a new
+testbed."""
 
 from __future__ import annotations
 
@@ -29,18 +30,23 @@ def add_parser(commands: Any, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from calib.fit import FitOptions, fit_targets, fitted_testbed, measured_testbed, profiled_testbed
     from calib.targets import read_targets
+    from calib.worker_loop import looped_testbed
     from profiles.store import DATA
     from profiles.testbeds import choose_testbed, new_testbed_file, write_testbed
 
     options = collect(FitOptions, args)
-    blocks = list(options.blocks)
-    if [options.targets is not None, bool(blocks), options.profile is not None].count(True) != 1:
-        raise ValueError("give one of --targets CSV, --blocks DIR... or --profile DIR")
+    blocks, loops = list(options.blocks), list(options.loop)
+    if [options.targets is not None, bool(blocks), bool(loops), options.profile is not None].count(True) != 1:
+        raise ValueError("give one of --targets CSV, --blocks DIR..., --loop DIR... or --profile DIR")
     base = choose_testbed(args.testbed, None)
     name, out = new_testbed_file(options.name, options.out, base.name)
     if options.profile is not None:
         testbed = profiled_testbed(base, name, options.profile, DATA)
         print(testbed.kv_pages.source)
+    elif loops:
+        testbed = looped_testbed(base, name, loops)
+        assert testbed.loop is not None
+        print(f"worker loop: {testbed.loop.costs().label().removeprefix('plus a loop of ')}")
     elif blocks:
         testbed = measured_testbed(base, name, blocks)
         for (model, trace), entry in testbed.progress.items():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from profiles.shapes import Shape
 from profiles.testbed import LoopEntry, Sourced, Testbed
+from runs.build import ROOT
 
 MIN_ITERATIONS = 100  # fewer straight-on iterations say little about a loop that takes a tenth of a ms
 COLUMNS = ("start", "end", "items", "cycle_s")
@@ -65,12 +66,13 @@ def fit_loop(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 
 def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path]) -> Testbed:
-    """`base` (a testbed of our executor: no loop of its own) charging the loop measured in `dirs`."""
+    """`base` (a testbed of our executor: no loop of its own) charging the loop measured in `dirs`, its
+    version raised by one."""
     if base.loop is not None:
         raise ValueError(f"--loop: {base.name} already charges a worker loop; base one of ours without")
     samples = loop_samples(dirs)
     a, b = fit_loop(samples)
-    runs = ", ".join(str(d) for d in dirs)
+    runs = ", ".join(str(_shown(d.resolve())) for d in dirs)
     source = (
         f"measured live: our worker loop from a step's end to the next step's start, least squares "
         f"a + b * items over {len(samples)} iterations the loop went straight on from ({runs}); "
@@ -80,7 +82,14 @@ def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path]) -> Testbed:
     loop = LoopEntry(
         Sourced(0.0, apart), Sourced(0.0, apart), Sourced(a * 1e3, source), Sourced(b * 1e3, source)
     )
-    return dataclasses.replace(
-        base, name=name, version=1, loop=loop,
-        description=f"{base.description} Its worker loop between steps measured live.",
-    )  # fmt: skip
+    version = base.version + 1
+    note = (
+        f" Version {version}: its worker loop between steps, which the profile does not time "
+        f"({a * 1e3:.3f} ms + {b * 1e3:.3f} ms per item an iteration), measured live (sangam fit --loop)."
+    )
+    described = base.description + note
+    return dataclasses.replace(base, name=name, version=version, loop=loop, description=described)
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path

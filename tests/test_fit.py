@@ -248,7 +248,7 @@ def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert main(["fit", "--targets", str(path)]) == 2
     assert "t.csv, line 2: trace must be one of" in capsys.readouterr().err
     assert main(["fit"]) == 2
-    assert "give one of --targets CSV, --blocks DIR..., --loop DIR... or --profile DIR" in capsys.readouterr().err
+    assert "--blocks DIR..., --loop DIR... or --profile DIR" in capsys.readouterr().err
 
 
 def test_fit_blocks_measures_forwards_from_a_live_threshold_run(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from profiles.store import DATA, merge_log, profile_directory, read_samples
 from sangam.hardware import kv_pages, lookup_gpu, lookup_model
 
 REFERENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "peer-h200"
+TENTH = Path(__file__).parent.parent / "benchmarks" / "results" / "live-colocated-fp8-llada-8b-h200-10"
+LOOP = "plus a loop of 0.0886 ms + 0.0208 ms per item + 0 ns per token per iteration"
 LLADA_BF16_PAGES = kv_pages(lookup_model("llada-8b"), lookup_gpu("h200"))
 LLADA_FP8_PAGES = kv_pages(lookup_model("llada-8b"), lookup_gpu("h200"), kv_dtype="fp8")
 
@@ -234,7 +236,7 @@ def test_fit_profile_needs_data_of_the_base_testbeds_gpu(
     err = capsys.readouterr().err
     assert "measured on h200, not sangam-h100's h100" in err and err.count("\n") == 1
     assert main([*args, "--profile", str(tmp_path), "--blocks", str(tmp_path)]) == 2
-    assert "give one of --targets CSV, --blocks DIR... or --profile DIR" in capsys.readouterr().err
+    assert "--blocks DIR..., --loop DIR... or --profile DIR" in capsys.readouterr().err
     # the reference's testbeds price its loop beside its profile: not a base for a profile of ours
     assert (
         main(
@@ -268,18 +270,23 @@ def test_the_reference_testbeds_refuse_an_fp8_kv_cache_in_one_line(
 def test_the_shipped_fp8_testbed_is_what_fit_makes_of_the_shipped_fp8_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """profiles/data/testbeds/sangam-h200-fp8.json is `sangam fit --profile` of the H200 call's profile (under
-    its own name then; a shipped name is not replaced), and a run on it takes the FP8 pages its worker
-    recorded (halved for a bf16 KV cache in the same memory)."""
+    """profiles/data/testbeds/sangam-h200-fp8.json is `sangam fit --profile` of the H200 call's profile, then
+    `sangam fit --loop` of the tenth round's live runs (under names of their own then; a shipped name is not
+    replaced), and a run on it takes the FP8 pages its worker recorded (halved for a bf16 KV cache in the
+    same memory)."""
     meta = json.loads((DATA / "h200-fp8-kvfp8" / "llada-8b.meta.json").read_text())
     assert (meta["gpu"], meta["quantization"], meta["kv_cache_dtype"]) == ("h200", "fp8", "fp8")
     args = ["fit", "--profile", str(DATA / "h200-fp8-kvfp8"), "--testbed", "sangam-h200"]
     assert main([*args, "--name", "again", "--out", str(tmp_path)]) == 0
-    made = json.loads((tmp_path / "again.json").read_text())
+    runs = [str(TENTH / f"seed{seed}" / "live-qps1.84") for seed in (13, 14, 15)]
+    looped = ["fit", "--loop", *runs, "--testbed", str(tmp_path / "again.json"), "--name", "looped"]
+    assert main([*looped, "--out", str(tmp_path)]) == 0
+    made = json.loads((tmp_path / "looped.json").read_text())
     assert made | {"name": "sangam-h200-fp8"} == json.loads(
         (DATA / "testbeds" / "sangam-h200-fp8.json").read_text()
     )
     assert made["profile"]["data"] == "h200-fp8-kvfp8"  # shipped data, named inside profiles/data
+    assert "live-colocated-fp8-llada-8b-h200-10/seed13" in made["loop"]["other_ms"]["source"]
     pages, cost = sim_pages(tmp_path, "sangam-h200-fp8", "--kv-cache-dtype", "fp8")
-    assert pages == meta["kv_pages"] and cost == "h200-fp8-kvfp8 profile, measured"
+    assert pages == meta["kv_pages"] and cost == f"h200-fp8-kvfp8 profile, measured, {LOOP}"
     assert sim_pages(tmp_path, "sangam-h200-fp8")[0] == meta["kv_pages"] // 2

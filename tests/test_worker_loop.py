@@ -87,11 +87,14 @@ def test_fit_loop_writes_a_testbed_whose_simulations_charge_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run, out = write_log(tmp_path / "run", exact_rows(2e-4, 5e-5)), tmp_path / "looped.json"
-    assert main(["fit", "--loop", str(run), "--testbed", "sangam-h200-fp8", "--out", str(out)]) == 0
+    assert main(["fit", "--loop", str(run), "--testbed", "sangam-h200", "--out", str(out)]) == 0
     assert "worker loop: 0.2 ms + 0.05 ms per item + 0 ns per token per iteration" in capsys.readouterr().out
     testbed = load_testbed(str(out))
     assert testbed.loop is not None and testbed.loop.other_ms.value == pytest.approx(0.2)
-    assert str(run) in testbed.loop.other_ms.source
+    assert (
+        str(run.resolve()) in testbed.loop.other_ms.source
+        and testbed.version == load_testbed("sangam-h200").version + 1
+    )
     _, name, _ = Resolver(testbed).priced("llada-8b")
     assert name.endswith("plus a loop of 0.2 ms + 0.05 ms per item + 0 ns per token per iteration")
     assert (

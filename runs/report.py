@@ -3,7 +3,7 @@ and the configuration below it wrapped between its fields to the terminal's widt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -11,18 +11,24 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+
+def seconds(key: str, digits: int = 2) -> Callable[[dict[str, Any]], str]:
+    """A cell of `key` (ms) in seconds; '-' where no request completed (a summary without it)."""
+    return lambda s: f"{s[key] / 1000:.{digits}f}" if key in s else "-"
+
+
 COLUMNS = (  # header (two lines), cell
     ("\nQPS", lambda s: f"{s['config']['qps']:g}"),
     ("\ndone", lambda s: f"{s['completed']}"),
-    ("mean\ne2e", lambda s: f"{s['mean_e2el_ms'] / 1000:.2f}"),
-    ("p50\ne2e", lambda s: f"{s['median_e2el_ms'] / 1000:.2f}"),
-    ("p99\ne2e", lambda s: f"{s['p99_e2el_ms'] / 1000:.2f}"),
-    ("mean\nqueue", lambda s: f"{s['mean_queue_ms'] / 1000:.2f}"),
-    ("mean\nprefill", lambda s: f"{s['mean_prefill_ms'] / 1000:.2f}"),
-    ("mean\ndecode", lambda s: f"{s['mean_decode_ms'] / 1000:.2f}"),
-    ("mean\ntransfer", lambda s: f"{s['mean_transfer_ms'] / 1000:.3f}"),
-    ("over-\nflow", lambda s: f"{100 * s['overflow_rate']:.1f}%"),
-    ("\nreq/s", lambda s: f"{s['request_throughput']:.2f}"),
+    ("mean\ne2e", seconds("mean_e2el_ms")),
+    ("p50\ne2e", seconds("median_e2el_ms")),
+    ("p99\ne2e", seconds("p99_e2el_ms")),
+    ("mean\nqueue", seconds("mean_queue_ms")),
+    ("mean\nprefill", seconds("mean_prefill_ms")),
+    ("mean\ndecode", seconds("mean_decode_ms")),
+    ("mean\ntransfer", seconds("mean_transfer_ms", 3)),
+    ("over-\nflow", lambda s: f"{100 * s['overflow_rate']:.1f}%" if "overflow_rate" in s else "-"),
+    ("\nreq/s", lambda s: f"{s['request_throughput']:.2f}" if "request_throughput" in s else "-"),
 )
 
 

@@ -51,10 +51,10 @@ class Slo:
     text: str
 
     def value(self, summaries: Sequence[dict[str, Any]]) -> float:
-        """The metric's mean over the seeds' summaries (of a run stopped early: its lower bound)."""
-        return sum(float(s.get("lower_bounds", {}).get(self.key, s[self.key])) for s in summaries) / len(
-            summaries
-        )
+        """The metric's mean over the seeds' summaries (of a run stopped early: its lower bound; of one where
+        no request completed, a latency's: infinite)."""
+        values = [s.get("lower_bounds", {}).get(self.key, s.get(self.key, math.inf)) for s in summaries]
+        return sum(float(v) for v in values) / len(values)
 
     def stop_rule(self, seeds: int) -> Exceeds | None:
         """What stops a probe's run once it is certain to fail this SLO, if its metric can be bounded

@@ -433,7 +433,9 @@ def _latency_figure(
             by_rate = _groups(lines[key], ("qps",))
             rates = sorted(q for (q,) in by_rate)
             for ax, stat in zip(row, ("mean", "p99"), strict=True):
-                values = [_mean(r[f"{stat}_e2el_ms"] for r in by_rate[(q,)]) / 1000 for q in rates]
+                # a point where no request completed has no latency: a gap in its line
+                key_ms = f"{stat}_e2el_ms"
+                values = [_mean(r.get(key_ms, math.nan) for r in by_rate[(q,)]) / 1000 for q in rates]
                 line(ax, rates, values, style_of[label[key]], label[key])
                 ax.set_title(f"{kind}: {stat}")
         row[0].set_ylabel("end-to-end latency (s)")

@@ -329,6 +329,25 @@ def test_sim_fails_and_restarts_workers(tmp_path: Path, capsys: pytest.CaptureFi
         assert needle in err and err.count("\n") == 1
 
 
+def test_a_run_in_which_no_request_completes_prints_dashes_and_search_counts_it_a_miss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every worker lost for good at once: no latency exists, the table says '-' (no traceback), and a
+    search finds no rate that meets a latency SLO."""
+    args = ["--mode", "2C", "--num-requests", "30", "--fail", "0@1,1@1"]
+    assert main(["sim", *args, "--out", str(tmp_path / "sim")]) == 0
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["completed"] == 0 and "mean_e2el_ms" not in summary
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("7.5")]
+    assert row == ["7.5", "0", *["-"] * 9]
+    search = ["search", "--gpus", "2", "--layouts", "2C", "--slo", "p99_e2el_s=20", *args[2:]]
+    assert main([*search, "--out", str(tmp_path / "search.csv")]) == 0
+    assert "best: 2C (tau 1024, theta 8192) at 0 QPS" in capsys.readouterr().out
+    sweep = ["sweep", "--gpus", "2", "--layouts", "2C", "--qps", "2", "--jobs", "1", *args[2:]]
+    assert main([*sweep, "--out", str(tmp_path / "sweep")]) == 0
+    assert (tmp_path / "sweep" / "latency-llada-8b-sharegpt.png").is_file()
+
+
 def test_profile_measures_unless_logs_are_given() -> None:
     from cli.main import build_parser
     from cli.profile import ProfileOptions

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +31,15 @@ class UsageError(Exception):
     """Bad input: reported as one line on stderr, exit status 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the command stops as on Ctrl-C (what finished is kept, process pools are shut down),
+    exit status 143."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         raise UsageError(message)
@@ -44,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    before = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # live, serve set their own
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -56,9 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err))
     except OSError as err:
         return _fail(describe_os_error(err))
-    except KeyboardInterrupt:
-        print("sangam: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated)
+        print(f"sangam: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
 
 
 def describe_os_error(err: OSError) -> str:

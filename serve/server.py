@@ -9,7 +9,9 @@ cuts what still runs in time for the stop). A second signal stops at once.
 
 No connection stays open on a client's whim: its headers must arrive within `--header-timeout`, its body
 within `--body-timeout` after them (else 408 and the connection closes: `TimedHttp`), and it may idle
-between requests for `--keep-alive-timeout`.
+between requests for `--keep-alive-timeout`. Nor may one request's headers hold the event loop: past
+`MAX_HEADER_BYTES` they get a 431 and the connection closes (httptools' parser takes time that grows with
+the square of one header's length: an 80 MiB header stalled every other client for seconds).
 """
 
 from __future__ import annotations
@@ -105,11 +107,15 @@ class DrainingServer(uvicorn.Server):
         return max(MIN_STOP_S, self.drain_end - time.monotonic())
 
 
+MAX_HEADER_BYTES = 256 * 1024  # a request's headers, at most (uvicorn's h11 parser allows 16 KiB)
+
+
 class TimedHttp(HttpToolsProtocol):
     """uvicorn's httptools connection with deadlines (uvicorn has only the keep-alive one): a request's
     headers must all arrive within `header_timeout` of the connection's start or of the request's first
     byte, its body within `body_timeout` of its headers. A deadline missed before a response began is a
     408; either way the connection closes, and an app still reading the body sees the client leave.
+    Headers still incomplete after `MAX_HEADER_BYTES` get a 431 and the connection closes.
     (`timed_protocol` sets the timeouts.)"""
 
     header_timeout = 10.0
@@ -120,6 +126,7 @@ class TimedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.keep_alive_timeout  # type: ignore[assignment]  # a float is fine
         self._deadline: asyncio.TimerHandle | None = None
+        self._header_bytes: int | None = 0  # received while the headers are incomplete; None: complete
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -134,12 +141,23 @@ class TimedHttp(HttpToolsProtocol):
         if self._deadline is None:  # a request after a response (the first runs from the connection's start)
             self._arm(self.header_timeout, "headers")
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_bytes is None or self.transport.is_closing():
+            return
+        self._header_bytes += len(data)  # bytes fed since the last request's end, its headers not complete
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._disarm()
+            self._refuse(431, "Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes")
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._header_bytes = None
         self._arm(self.body_timeout, "body")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._header_bytes = 0
         self._disarm()
 
     def _arm(self, seconds: float, what: str) -> None:
@@ -156,13 +174,17 @@ class TimedHttp(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if what == "headers" or self.cycle is None or not self.cycle.response_started:
-            error = APIError(408, f"the request's {what} did not arrive within {seconds:g} s")
-            body = bytes(error.response().body)
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                + f"content-length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+            self._refuse(408, "Request Timeout", f"the request's {what} did not arrive within {seconds:g} s")
+        self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """Answer `status` with OpenAI's error JSON, before any response began, and close."""
+        body = bytes(APIError(status, message).response().body)
+        self.transport.write(
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n".encode()
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         self.transport.close()
 
 

@@ -244,6 +244,32 @@ def test_a_connection_whose_request_does_not_arrive_in_time_gets_408_and_is_clos
     assert error["code"] == 408 and "did not arrive within 0.3 s" in error["message"]
 
 
+def test_headers_past_the_bound_get_431_and_the_connection_closes_while_others_are_served(
+    short: tuple[str, int],
+) -> None:
+    """A header that never ends is refused once the headers pass MAX_HEADER_BYTES (httptools' time grows
+    with the square of one header's length: 80 MiB stalled every other client for seconds); one of
+    64 KiB is served."""
+    from serve.server import MAX_HEADER_BYTES
+
+    with socket.create_connection(short) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ")
+        try:
+            for _ in range(MAX_HEADER_BYTES // 4096 + 2):
+                sock.sendall(b"a" * 4096)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed on us, as it should be: the answer is already in the socket's buffer
+        with httpx.Client(base_url=f"http://{short[0]}:{short[1]}", timeout=10) as client:
+            assert client.get("/health").status_code == 200  # another client meanwhile
+        received = until_closed(sock)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ") and b"connection: close" in head.lower(), received[:200]
+    error = json.loads(body)["error"]
+    assert error["code"] == 431 and f"headers over {MAX_HEADER_BYTES} bytes" in error["message"]
+    with httpx.Client(base_url=f"http://{short[0]}:{short[1]}", timeout=10) as client:
+        assert client.get("/health", headers={"x-big": "a" * 65536}).status_code == 200
+
+
 def test_an_idle_keep_alive_connection_is_closed(short: tuple[str, int]) -> None:
     with socket.create_connection(short) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")

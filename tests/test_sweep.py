@@ -189,3 +189,35 @@ def test_the_table_names_each_fact_once(first: Path) -> None:
     assert not set(header) & set(ALIASES), set(header) & set(ALIASES)
     assert len(header) == len(set(header))
     assert {"duration", "failed", "control_ms", "kv_pages", "layout"} <= set(header)
+
+
+def test_sigterm_stops_a_pooled_sweep_like_ctrl_c_and_leaves_no_process(tmp_path: Path) -> None:
+    """`kill -TERM` of `sangam sweep --jobs 2` while its pool runs: exit 143, 'terminated', the finished
+    points kept, and no pool process left behind (they were orphaned before)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["sweep", "--gpus", "4", "--layouts", "all", "--qps", "2", "4", "-n", "6000", "--jobs", "2"]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args, "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any((tmp_path / "cache").glob("*")):  # the pool has finished a point
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143 and err.strip().splitlines()[-1] == "sangam: terminated", err
+    deadline = time.monotonic() + 10
+    while True:  # the whole process group is gone: the pool's workers with it
+        try:
+            os.killpg(run.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the sweep outlived it"
+        time.sleep(0.1)
+    assert any((tmp_path / "cache").glob("*"))

@@ -29,7 +29,7 @@ from typing import Any
 from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
 from profiles.testbed import PagesEntry, ProgressEntry, Sourced, Testbed
-from runs.options import option
+from runs.options import nonempty_path, option
 from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import BLOCK
 from sangam.progress import counts_spec
@@ -52,20 +52,20 @@ class FitOptions:
 
     targets: Path | None = option(
         None, "observed points, CSV: layout, policy, model, trace, budget, qps, metric, value, weight "
-        "[, quote]", parse=Path, metavar="CSV",
+        "[, quote]", parse=nonempty_path, metavar="CSV",
     )  # fmt: skip
     blocks: tuple[Path, ...] = option(
         (), "instead: live run directories whose blocks.csv give forwards per block (empirical)",
-        parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
+        parse=lambda text: [nonempty_path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
     loop: tuple[Path, ...] = option(
         (), "instead: live run directories of our executor whose iterations.csv give its worker loop's "
         "time between steps (which a profile does not time), charged per iteration as a + b * items",
-        parse=lambda text: [Path(text)], many=True, metavar="DIR", default_text="none",
+        parse=lambda text: [nonempty_path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
     profile: Path | None = option(
         None, "instead: a directory of `sangam profile` data (e.g. profiles/data/h200-fp8-kvfp8) whose "
-        "iteration times and KV pages the new testbed takes", parse=Path, metavar="DIR",
+        "iteration times and KV pages the new testbed takes", parse=nonempty_path, metavar="DIR",
     )  # fmt: skip
     free: str = option(
         "mean", "free forwards-per-block parameters per model and trace: the mean, mean and spread, or "
@@ -83,7 +83,7 @@ class FitOptions:
     )
     out: Path | None = option(
         None, "where to write the new testbed: a directory (for NAME.json) or a FILE.json named after it; "
-        "never a shipped testbed or inside the installed package", parse=Path, metavar="PATH",
+        "never a shipped testbed or inside the installed package", parse=nonempty_path, metavar="PATH",
         default_text="the working directory",
     )  # fmt: skip
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from calib.points import PointKey, PointRunner
 from profiles.testbeds import load_testbed
-from runs.options import option
+from runs.options import nonempty_path, option
 from runs.results import percentile, request_row
 
 PAIRS = (("llada-8b", "sharegpt"), ("llada-8b", "arxiv"), ("dream-7b", "sharegpt"), ("dream-7b", "arxiv"))
@@ -178,7 +178,7 @@ class ReproduceOptions:
     """Where `sangam reproduce` writes and which figures it runs (its processes: `EngineOptions.jobs`)."""
 
     out: Path | None = option(
-        None, "write the figures' PNGs, claims.csv and points.csv here", parse=Path, metavar="DIR",
+        None, "write the figures' PNGs, claims.csv and points.csv here", parse=nonempty_path, metavar="DIR",
         default_text="results/reproduce-TESTBED",
     )  # fmt: skip
     figures: tuple[str, ...] = option(

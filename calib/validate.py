@@ -24,7 +24,7 @@ from rich.table import Table
 
 from profiles.testbeds import choose_testbed
 from runs.config import RunConfig, RunFiles, synthetic_rows
-from runs.options import option
+from runs.options import nonempty_path, option
 from sim.points import run_points
 from sim.run import SimResult
 from sim.setup import Resolver, Setup
@@ -91,14 +91,14 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
 class ValidateOptions:
     """Where `sangam validate` runs, reads and reports."""
 
-    out: Path = option(Path("results/validate"), "run directories (live-qpsQ/, sim-qpsQ/)", parse=Path,
-                       metavar="DIR")  # fmt: skip
+    out: Path = option(Path("results/validate"), "run directories (live-qpsQ/, sim-qpsQ/)",
+                       parse=nonempty_path, metavar="DIR")  # fmt: skip
     live_results: Path | None = option(
         None, "compare with the live runs already in this directory (live-qpsQ/) instead of running them",
-        parse=Path, metavar="DIR",
+        parse=nonempty_path, metavar="DIR",
     )  # fmt: skip
     report: Path | None = option(
-        None, "report JSON", parse=Path, metavar="FILE",
+        None, "report JSON", parse=nonempty_path, metavar="FILE",
         default_text="benchmarks/results/validate-MODEL-GPU-MODE.json",
     )  # fmt: skip
     link: str | None = option(None, "the simulator's KV link profile (disaggregated and hybrid modes)")

@@ -11,7 +11,7 @@ from typing import Any
 from executor.run.live_options import LiveOptions
 from runs.args import positive_int
 from runs.config import RunConfig
-from runs.options import add_options, collect, option
+from runs.options import add_options, collect, nonempty_path, option
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +23,12 @@ class ProfileOptions:
     repeats: int = option(5, "timed repeats per iteration shape", parse=positive_int)
     from_log: tuple[Path, ...] = option(
         (), "refit from live iteration logs (sangam live --iteration-log) instead of measuring, into the "
-        "profile of --quantization and --kv-cache-dtype; a log of a run with others is refused", parse=Path,
-        many=True, metavar="LOG",
+        "profile of --quantization and --kv-cache-dtype; a log of a run with others is refused",
+        parse=nonempty_path, many=True, metavar="LOG",
     )  # fmt: skip
     out: Path = option(
         Path("results/profiles"), "profile data root; profiles/data in a source checkout updates the shipped "
-        "profiles", parse=Path, metavar="DIR",
+        "profiles", parse=nonempty_path, metavar="DIR",
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runs.config import RunConfig, RunFiles
-from runs.options import add_options, collect, listed, option
+from runs.options import add_options, collect, listed, nonempty_path, option
 
 if TYPE_CHECKING:  # sim is imported when a command runs, not when the parser is built
     from sim.sweep import GridOptions, Point
@@ -24,7 +24,7 @@ class SweepOptions:
     """Where `sangam sweep` writes."""
 
     out: Path = option(Path("sweep"), "write sweep.csv (and .parquet), the plots and the cache here",
-                       parse=Path, metavar="DIR")  # fmt: skip
+                       parse=nonempty_path, metavar="DIR")  # fmt: skip
 
 
 def add_grid(parser: argparse.ArgumentParser) -> None:

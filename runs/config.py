@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runs.args import positive_float, positive_int
-from runs.options import option
+from runs.options import nonempty_path, option
 from sangam.budget import BatchConfig, Policy
 from sangam.hardware import GPUS, KV_DTYPE_BYTES, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
 from sangam.layout import Layout, parse_mode
@@ -247,11 +247,11 @@ class RunFiles:
     )  # fmt: skip
     out: Path | None = option(
         None, "write requests.csv, blocks.csv and summary.json here (DIR/qps-Q/ per point when several)",
-        parse=Path, aliases=("--result-dir",), metavar="DIR",
+        parse=nonempty_path, aliases=("--result-dir",), metavar="DIR",
     )  # fmt: skip
     iteration_log: Path | None = option(
-        None, "write one CSV row per worker iteration (FILE-qpsQ.csv per point when several)", parse=Path,
-        metavar="FILE",
+        None, "write one CSV row per worker iteration (FILE-qpsQ.csv per point when several)",
+        parse=nonempty_path, metavar="FILE",
     )  # fmt: skip
 
 

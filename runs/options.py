@@ -60,6 +60,13 @@ def option(
     return dataclasses.field(default=default, metadata={META: spec})
 
 
+def nonempty_path(text: str) -> Path:
+    """A path given on the command line; an empty one is refused (it would mean the working directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text)
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -135,7 +142,7 @@ def _parser_for(default: Any) -> Callable[[str], Any]:
 
         return member
     if isinstance(default, Path):
-        return Path
+        return nonempty_path
     return str
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runs.args import port_number, positive_float, positive_int
-from runs.options import option
+from runs.options import nonempty_path, option
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +18,7 @@ class ServeOptions:
     host: str = option("127.0.0.1", "address the HTTP server binds")
     port: int = option(8000, "HTTP port (0: any free one)", parse=port_number)
     tokenizer: Path | None = option(
-        None, "Hugging Face tokenizer directory (read with transformers' AutoTokenizer)", parse=Path,
+        None, "Hugging Face tokenizer directory (read with transformers' AutoTokenizer)", parse=nonempty_path,
         metavar="DIR", default_text="the --weights checkpoint's, else the built-in BPE",
     )  # fmt: skip
     max_waiting: int = option(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from runs.args import positive_float
-from runs.options import option
+from runs.options import nonempty_path, option
 from runs.results import METRICS
 from runs.tally import Tally, Watcher
 from sim.early_stop import STATS as EARLY_STATS
@@ -110,7 +110,7 @@ class SearchOptions:
     max_qps: float = option(1024.0, "stop doubling above this rate, requests/s", parse=positive_float)
     out: Path = option(
         Path("search.csv"), "the ranking, .csv or .json (any other path: a directory, for search.csv)",
-        parse=Path, metavar="PATH",
+        parse=nonempty_path, metavar="PATH",
     )  # fmt: skip
 
 

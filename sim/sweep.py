@@ -30,7 +30,7 @@ from profiles.testbeds import choose_testbed
 from runs.args import positive_int
 from runs.build import MANIFEST
 from runs.config import RunConfig, load_progress, workload_points
-from runs.options import option
+from runs.options import nonempty_path, option
 from runs.tally import Tally, Watcher
 from sangam.hardware import MODELS
 from sangam.layout import Kind, parse_mode
@@ -90,7 +90,7 @@ class GridOptions:
                                     aliases=("--seed",), many=True)  # fmt: skip
     cache: Path | None = option(
         None, "keep one result per point here, keyed by its resolved configuration and the code version",
-        parse=Path, metavar="DIR",
+        parse=nonempty_path, metavar="DIR",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

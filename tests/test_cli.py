@@ -348,6 +348,21 @@ def test_a_run_in_which_no_request_completes_prints_dashes_and_search_counts_it_
     assert (tmp_path / "sweep" / "latency-llada-8b-sharegpt.png").is_file()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["sim", "--out", ""], ["sim", "--iteration-log", " "], ["sweep", "--out", ""], ["fit", "--loop", ""],
+     ["validate", "--report", ""], ["profile", "--from-log", "a.csv", ""]],
+)  # fmt: skip
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(": an empty path\n") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_profile_measures_unless_logs_are_given() -> None:
     from cli.main import build_parser
     from cli.profile import ProfileOptions

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from executor.model.live_models import LIVE_MODELS
 from runs.args import non_negative_float, non_negative_int, port_number, positive_float, positive_int
-from runs.options import option
+from runs.options import nonempty_path, option
 
 KV_TRANSPORTS = ("gloo", "nccl")  # executor.transfer.links.TRANSPORTS, without importing torch here
 QUANTIZATIONS = ("fp8",)  # executor.model.fp8.QUANTIZATIONS, likewise
@@ -93,7 +93,11 @@ class LiveOptions:
         default_text=f"${API_KEY_ENV} if set, else none: the client port is open",
     )  # fmt: skip
     log_dir: Path | None = option(
-        None, "process logs", parse=Path, metavar="DIR", default_text="a temporary directory, kept on failure"
+        None,
+        "process logs",
+        parse=nonempty_path,
+        metavar="DIR",
+        default_text="a temporary directory, kept on failure",
     )
     startup_timeout: float = option(600.0, "seconds for every worker to register", parse=positive_float)
     stall_timeout: float = option(

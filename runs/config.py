@@ -30,11 +30,12 @@ DATASETS = tuple(MASK_LEN)
 # to its re-prefill starting on an idle worker (report, routing, dispatch, pick-up) was 2.7-2.9 ms over
 # 2,458 such blocks of `sangam live --mode colocated`, LLaDA-8B on one H200 (a fresh arrival: about 2 ms).
 CONTROL_MS = 2.8
+MAX_REQUESTS = 1_000_000  # per point: far past what a run needs to be steady, short of filling memory
 
 
 def qps_list(text: str) -> list[float]:
-    """`6,6.5,7`: one or more arrival rates."""
-    return [positive_float(part) for part in text.split(",") if part]
+    """`6,6.5,7`: one or more arrival rates (an empty one, as in `6,,7` or ``, is refused)."""
+    return [positive_float(part) for part in text.split(",")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,8 @@ class RunConfig:
                 raise ValueError(
                     f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}"
                 )
+        if self.num_requests > MAX_REQUESTS:
+            raise ValueError(f"num-requests must be at most {MAX_REQUESTS}, got {self.num_requests}")
         if not self.qps > 0:
             raise ValueError(f"qps must be positive, got {self.qps}")
         check_arrival_cv(self.arrival_cv)

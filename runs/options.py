@@ -177,12 +177,17 @@ def listed(args: argparse.Namespace, name: str, default: Any) -> tuple[Any, ...]
         values = default if isinstance(default, tuple) else (default,)  # a tuple default is the list itself
     else:
         values = tuple(_flatten(given))
-    seen: set[Any] = set()
+    seen: dict[Any, Any] = {}  # by how a value is shown: a float's also names its results (qps-1/)
     for value in values:
-        if value in seen:
-            shown = f"{value:g}" if isinstance(value, float) else value
-            raise ValueError(f"{flag(name)} lists {shown} twice")
-        seen.add(value)
+        shown = f"{value:g}" if isinstance(value, float) else value
+        if shown in seen:
+            same = (
+                "twice"
+                if seen[shown] == value
+                else f"twice ({seen[shown]!r} and {value!r} both show as {shown})"
+            )
+            raise ValueError(f"{flag(name)} lists {shown} {same}")
+        seen[shown] = value
     return values
 
 

@@ -49,6 +49,9 @@ class Layout:
 _SPLIT = re.compile(r"(\d+)P(\d+)([DC])")
 
 
+MAX_WORKERS = 1024  # a cluster's workers, at most (the paper's has 8)
+
+
 def parse_mode(mode: str, gpus: int = 8) -> Layout:
     """`colocated` (all `gpus` workers), `<n>C`, `<n>P<m>D` or `<n>P<m>C`."""
     text = mode.strip()
@@ -65,4 +68,6 @@ def parse_mode(mode: str, gpus: int = 8) -> Layout:
 def _checked(layout: Layout, mode: str) -> Layout:
     if layout.n_decode < 1 or (layout.kind is not Kind.COLOCATED and layout.n_prefill < 1):
         raise ValueError(f"bad mode {mode!r}: every pool needs at least one worker")
+    if layout.num_workers > MAX_WORKERS:
+        raise ValueError(f"bad mode {mode!r}: {layout.num_workers} workers, more than {MAX_WORKERS}")
     return layout

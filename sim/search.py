@@ -38,6 +38,7 @@ from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
 OTHER = ("overflow_rate", "kv_transferred_gb")  # summary keys without a time unit
+MAX_STEPS = 1_000_000  # --max-qps over the granularity: a bracket's rates, at most
 MARKS = {"+": "met every SLO and kept up", "-": "missed an SLO", "^": "did not keep up: its backlog grew"}
 _SLO = re.compile(r"\s*([a-z0-9_]+)\s*(?:<=|=)\s*([-+0-9.eE]+)\s*")
 
@@ -218,6 +219,8 @@ def search(
     g = granularity(options, configs)
     stop = tuple(rule for slo in slos if (rule := slo.stop_rule(len(seeds))) is not None)
     configs = [dataclasses.replace(c, stop=() if c.sim.failures() else stop) for c in configs]
+    if not options.max_qps / g <= MAX_STEPS:
+        raise ValueError(f"--max-qps {options.max_qps:g} is more than {MAX_STEPS} steps of {g:g} requests/s")
     cap = int(options.max_qps / g + 1e-9)
     starts = [_start(options, c) for c in configs]
     brackets = [Bracket(max(1, min(cap, round(start / g))), cap) for start in starts]

@@ -240,6 +240,13 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--link", "no-such-link"], "no link profile"),
         (["--link-latency-ms", "-1"], ">= 0"),
         (["--arrival-cv", "1e200"], "arrival CV must be in (0, 100]"),  # the gamma shape 1/CV^2 would be 0
+        (["--qps", ""], "expected a positive number, got ''"),  # was an IndexError
+        (["--qps", "6,,7"], "expected a positive number, got ''"),  # was taken as 6,7
+        (["--qps", "1", "1.0000001"], "lists 1 twice (1.0 and 1.0000001 both show as 1)"),  # one qps-1/
+        (["--mode", "99999999999P1C"], "100000000000 workers, more than 1024"),  # was a MemoryError
+        (["--mode", "100000C"], "100000 workers, more than 1024"),  # ran for good
+        (["--gpus", "100000"], "100000 workers, more than 1024"),
+        (["-n", "10000000000000000000000"], "num-requests must be at most 1000000"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(
@@ -260,6 +267,10 @@ def test_bad_input_is_one_line_on_stderr(
         (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "invalid choice"),
         (["trace", "--trace", "t.csv", "-o", "x.csv"], "a synthetic trace is one of sharegpt, arxiv"),
         (["trace", "--qps", "1", "2", "-o", "x.csv"], "unrecognized arguments: 2"),
+        (
+            ["search", "--max-qps", "1e308", "--slo", "p99_e2el_s=20", "--granularity", "0.5"],
+            "--max-qps 1e+308 is more than 1000000 steps of 0.5 requests/s",
+        ),  # was an OverflowError
     ],
 )
 def test_other_commands_bad_options_are_one_line(

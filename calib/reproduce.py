@@ -165,8 +165,10 @@ def run_tasks(
 
 
 def figure_list(text: str) -> list[str]:
-    """`fig8,fig9` or `8,9`: figures of `FIGURES`."""
-    names = [name if name.startswith("fig") else f"fig{name}" for name in text.split(",") if name]
+    """`fig8,fig9` or `8,9`: figures of `FIGURES` (an empty name, as in `8,,9` or ``, is refused)."""
+    if not all(text.split(",")):
+        raise argparse.ArgumentTypeError(f"an empty figure name in {text!r}")
+    names = [name if name.startswith("fig") else f"fig{name}" for name in text.split(",")]
     for name in names:
         if name not in FIGURES:
             raise argparse.ArgumentTypeError(f"no figure {name!r} (known: {', '.join(FIGURES)})")

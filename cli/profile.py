@@ -48,12 +48,17 @@ def run(args: argparse.Namespace) -> int:
     root = options.out
     directory = profile_directory(gpu, quantization, kv_cache_dtype)
     if options.from_log:
+        data = root / directory
+        folders = [folder for folder in (data, *data.parents) if not folder.exists()]
         copies = copy_shipped(model, directory, root)
         try:
             merged = merge_log(model, gpu, list(options.from_log), root, quantization, kv_cache_dtype)
         except Exception:
-            for copy in copies:  # a refused log leaves nothing behind
+            for copy in copies:  # a refused log leaves nothing behind: the copies, the folders made for them
                 copy.unlink()
+            for folder in folders:  # deepest first
+                if folder.exists():
+                    folder.rmdir()
             raise
         if copies:
             print(f"started from the shipped profile's data in {DATA / directory}")

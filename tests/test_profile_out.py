@@ -87,3 +87,11 @@ def test_from_log_without_a_shipped_profile_is_one_line(
     err = capsys.readouterr().err
     assert f"no profile of dream-7b in {root / 'h100'} to refit: run sangam profile first" in err
     assert err.count("\n") == 1 and not root.exists()
+
+
+def test_a_refused_log_leaves_no_folder_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log that is not there: the shipped profile's copy and the folders made for it go again."""
+    root = tmp_path / "out" / "profiles"
+    assert main(["profile", "--out", str(root), "--from-log", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: No such file or directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -267,6 +267,8 @@ def test_bad_input_is_one_line_on_stderr(
         (["profile", "--gpu", "tpu", "--from-log", "x.csv"], "invalid choice"),
         (["trace", "--trace", "t.csv", "-o", "x.csv"], "a synthetic trace is one of sharegpt, arxiv"),
         (["trace", "--qps", "1", "2", "-o", "x.csv"], "unrecognized arguments: 2"),
+        (["reproduce", "--figures", ""], "an empty figure name in ''"),  # ran no figure and exited 0
+        (["reproduce", "--figures", "8,,9"], "an empty figure name in '8,,9'"),
         (
             ["search", "--max-qps", "1e308", "--slo", "p99_e2el_s=20", "--granularity", "0.5"],
             "--max-qps 1e+308 is more than 1000000 steps of 0.5 requests/s",

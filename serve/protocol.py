@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ROLES = ("system", "developer", "user", "assistant")
 TOOL_ROLES = ("tool", "function")  # OpenAI's roles of tool calling, which Sangam does not implement
@@ -52,19 +52,30 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {  # values of fields Sangam does not impl
 STRICT = ConfigDict(strict=True, extra="allow")  # extra fields kept, so that they can be named
 
 
+class NullIsDefault(BaseModel):
+    """A field given as null takes its default, as OpenAI's nullable fields do (`n: null`, `stream: null`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
+
+
 def same(value: Any, neutral: Any) -> bool:
     """`value` is `neutral`, of the same JSON type (`0 == False` in Python, not in JSON)."""
     return isinstance(value, bool) == isinstance(neutral, bool) and bool(value == neutral)
 
 
-class StreamOptions(BaseModel):
-    model_config = STRICT
+class StreamOptions(NullIsDefault):
+    model_config = ConfigDict(strict=True, extra="forbid")  # an unknown option is refused, not ignored
 
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
-class Sampling(BaseModel):
+class Sampling(NullIsDefault):
     """The fields both endpoints share."""
 
     model_config = STRICT

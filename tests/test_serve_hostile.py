@@ -340,6 +340,27 @@ def test_logprobs_take_their_own_json_types_only(fake: tuple[str, FakeBackend]) 
     refused(post(url, COMPLETIONS, {"prompt": "x", "best_of": True}), "best_of: not supported", "best_of")
 
 
+def test_a_null_takes_the_fields_default_and_an_unknown_stream_option_is_refused(
+    fake: tuple[str, FakeBackend],
+) -> None:
+    """OpenAI's nullable fields: null is the default (it was a 400 for n, stream, echo, ignore_eos, chat's
+    logprobs and include_usage); a stream option Sangam does not know is named, not ignored."""
+    url, _ = fake
+    nulls = {"n": None, "stream": None, "ignore_eos": None}
+    chat = post(url, CHAT, {"messages": USER, "max_tokens": 1, "logprobs": None, **nulls})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["logprobs"] is None, chat.text
+    completion = post(url, COMPLETIONS, {"prompt": "x", "max_tokens": 1, "echo": None, **nulls})
+    assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == "A", completion.text
+    refused(post(url, CHAT, {"messages": None}), "Field required", "messages")
+    streamed = {"prompt": "x", "max_tokens": 1, "stream": True, "stream_options": {"include_usage": None}}
+    chunks = post(url, COMPLETIONS, streamed)
+    assert chunks.status_code == 200 and chunks.text.endswith("data: [DONE]\n\n")
+    assert "usage" not in chunks.text  # include_usage null: false
+    options = {"include_usage": True, "foo": 1}
+    body = {"prompt": "x", "max_tokens": 1, "stream": True, "stream_options": options}
+    refused(post(url, COMPLETIONS, body), "Extra inputs are not permitted", "stream_options.foo")
+
+
 def test_an_unknown_model_is_404_model_not_found_and_served_names_are_listed() -> None:
     backend = FakeBackend()
     with app_server(backend, served_names=("first", "second")) as (url, _):

@@ -42,7 +42,6 @@ from executor.run.launcher import (
     cpu_workers,
     gpu_workers,
     resolve_transport,
-    sigterm_as_interrupt,
     visible_gpus,
 )
 from executor.run.live_collect import Collector
@@ -451,22 +450,21 @@ def run_live(
     input raises ValueError (exit 2), a failed run prints one line (exit 1). `watch` hears each point's
     requests finished (`executor.run.live_tally`)."""
     try:
-        with sigterm_as_interrupt():
-            if options.serve:
-                return _serve(plan, options, files)
-            progress = load_progress(files.progress)
-            points = workload_points(plan.config, rates)
-            dirs = point_dirs(files.out, [cfg.qps for cfg, _ in points]) if files.out else []
-            summaries: list[dict[str, Any]] = []
-            for i, (cfg, rows) in enumerate(points):
-                requests = workload(cfg, rows, progress)
-                log = files.iteration_log
-                if log is not None and len(points) > 1:
-                    log = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}")
-                point = replace(plan, config=cfg, cluster=replace(plan.cluster, iteration_log=log))
-                out = dirs[i] if dirs else None
-                _replay(point, options, requests, [r.output_len for r in rows], out, summaries, watch)
-            return 0
+        if options.serve:
+            return _serve(plan, options, files)
+        progress = load_progress(files.progress)
+        points = workload_points(plan.config, rates)
+        dirs = point_dirs(files.out, [cfg.qps for cfg, _ in points]) if files.out else []
+        summaries: list[dict[str, Any]] = []
+        for i, (cfg, rows) in enumerate(points):
+            requests = workload(cfg, rows, progress)
+            log = files.iteration_log
+            if log is not None and len(points) > 1:
+                log = log.with_name(f"{log.stem}-qps{cfg.qps:g}{log.suffix}")
+            point = replace(plan, config=cfg, cluster=replace(plan.cluster, iteration_log=log))
+            out = dirs[i] if dirs else None
+            _replay(point, options, requests, [r.output_len for r in rows], out, summaries, watch)
+        return 0
     except LiveError as err:
         print(f"sangam: error: {err}", file=sys.stderr)
         return 1

@@ -150,6 +150,10 @@ class TimedHttp(HttpToolsProtocol):
             self._disarm()
             self._refuse(431, "Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes")
 
+    def send_400_response(self, msg: str) -> None:
+        """A request httptools cannot parse: OpenAI's error JSON, as every other error (uvicorn's is text)."""
+        self._refuse(400, "Bad Request", f"{msg.rstrip('.')}: malformed HTTP")
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._header_bytes = None

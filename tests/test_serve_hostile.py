@@ -270,6 +270,23 @@ def test_headers_past_the_bound_get_431_and_the_connection_closes_while_others_a
         assert client.get("/health", headers={"x-big": "a" * 65536}).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "sent",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n",
+     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"],
+    ids=["garbage request line", "negative content-length", "HTTP/2 preface"],
+)  # fmt: skip
+def test_a_request_httptools_cannot_parse_gets_400_json_and_the_connection_closes(
+    short: tuple[str, int], sent: bytes
+) -> None:
+    with socket.create_connection(short) as sock:
+        sock.sendall(sent)
+        received = until_closed(sock)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head, received[:200]
+    assert json.loads(body)["error"]["message"] == "Invalid HTTP request received: malformed HTTP"
+
+
 def test_an_idle_keep_alive_connection_is_closed(short: tuple[str, int]) -> None:
     with socket.create_connection(short) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")

@@ -299,7 +299,7 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
     if config.api_key is not None:
         app.add_middleware(RequireKey, key=config.api_key)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         reason = state.unavailable()
         if reason is None:
@@ -328,6 +328,12 @@ def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, 
         return api.ModelList(
             data=[api.ModelCard(id=name, created=created, max_model_len=limits.context_len) for name in names]
         )
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> api.ModelCard:
+        """One served model (the openai client's `models.retrieve`); 404 `model_not_found` otherwise."""
+        limits = ready()
+        return api.ModelCard(id=served(model), created=int(time.time()), max_model_len=limits.context_len)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:

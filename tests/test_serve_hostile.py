@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 import httpx
+import openai
 import pytest
 import uvicorn
 from serve_helpers import LIMITS, TOKENIZER, FakeBackend, app_server
@@ -394,6 +395,12 @@ def test_an_unknown_model_is_404_model_not_found_and_served_names_are_listed() -
         assert post(url, COMPLETIONS, {"prompt": "x", "max_tokens": 1}).json()["model"] == "first"
         listed = httpx.get(url + "/v1/models").json()["data"]
         assert [m["id"] for m in listed] == ["first", "second"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert client.models.retrieve("second").id == "second"  # GET /v1/models/{model}
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve("org/gpt-4o")
+        assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+        assert httpx.head(url + "/health").status_code == 200  # load balancers' probes
 
 
 def test_every_error_is_openai_shaped_404_and_405_included(fake: tuple[str, FakeBackend]) -> None:

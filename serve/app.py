@@ -273,7 +273,7 @@ def stop_begun(text: str, stop: str, table: Sequence[int]) -> int:
 
 def create_app(backend: Backend, tokenizer: TextTokenizer, state: ServingState, config: AppConfig) -> FastAPI:
     """The HTTP app over `backend`; `state` is shared with whoever starts and drains the cluster."""
-    app = FastAPI(title="Sangam", docs_url=None, redoc_url=None)
+    app = FastAPI(title="Sangam", docs_url=None, redoc_url=None, openapi_url=None)
     names = config.names
     metrics = Metrics(names[0])
     background: set[asyncio.Task[None]] = set()

@@ -401,6 +401,7 @@ def test_an_unknown_model_is_404_model_not_found_and_served_names_are_listed() -
             client.models.retrieve("org/gpt-4o")
         assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
         assert httpx.head(url + "/health").status_code == 200  # load balancers' probes
+        assert httpx.get(url + "/openapi.json").status_code == 404  # no schema pages, as no docs pages
 
 
 def test_every_error_is_openai_shaped_404_and_405_included(fake: tuple[str, FakeBackend]) -> None:

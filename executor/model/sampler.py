@@ -123,7 +123,7 @@ def log_probs(logits: Tensor, mask_id: int) -> Tensor:
     """The raw log-softmax of `logits` in float32, the mask id's then set to -inf: the mask id is never
     proposed (committing it would leave the position masked and break the at-least-one-commit
     guarantee; random weights do propose it), but its probability stays in the normalisation."""
-    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # no float32 copy of the logits first
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
     logprobs[..., mask_id] = -torch.inf
     return logprobs
 

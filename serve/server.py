@@ -115,7 +115,8 @@ class TimedHttp(HttpToolsProtocol):
     headers must all arrive within `header_timeout` of the connection's start or of the request's first
     byte, its body within `body_timeout` of its headers. A deadline missed before a response began is a
     408; either way the connection closes, and an app still reading the body sees the client leave.
-    Headers still incomplete after `MAX_HEADER_BYTES` get a 431 and the connection closes.
+    Headers still incomplete after `MAX_HEADER_BYTES` (not counting a chunk that also ended the request
+    before) get a 431 and the connection closes.
     (`timed_protocol` sets the timeouts.)"""
 
     header_timeout = 10.0
@@ -126,7 +127,10 @@ class TimedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.keep_alive_timeout  # type: ignore[assignment]  # a float is fine
         self._deadline: asyncio.TimerHandle | None = None
-        self._header_bytes: int | None = 0  # received while the headers are incomplete; None: complete
+        # bytes received while a request's headers are incomplete (None from its headers' end to the next
+        # request), but for a chunk that also ended the request before (whose bytes were whose is not known)
+        self._header_bytes: int | None = None
+        self._ended_in_chunk = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -138,14 +142,16 @@ class TimedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         if self._deadline is None:  # a request after a response (the first runs from the connection's start)
             self._arm(self.header_timeout, "headers")
 
     def data_received(self, data: bytes) -> None:
+        self._ended_in_chunk = False
         super().data_received(data)
-        if self._header_bytes is None or self.transport.is_closing():
+        if self._header_bytes is None or self._ended_in_chunk or self.transport.is_closing():
             return
-        self._header_bytes += len(data)  # bytes fed since the last request's end, its headers not complete
+        self._header_bytes += len(data)
         if self._header_bytes > MAX_HEADER_BYTES:
             self._disarm()
             self._refuse(431, "Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes")
@@ -161,7 +167,7 @@ class TimedHttp(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._header_bytes = 0
+        self._ended_in_chunk = True
         self._disarm()
 
     def _arm(self, seconds: float, what: str) -> None:

@@ -7,12 +7,15 @@ enough that a connection cut by them is told apart from one left open by a wait 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import httpx
 import openai
@@ -269,6 +272,69 @@ def test_headers_past_the_bound_get_431_and_the_connection_closes_while_others_a
     assert error["code"] == 431 and f"headers over {MAX_HEADER_BYTES} bytes" in error["message"]
     with httpx.Client(base_url=f"http://{short[0]}:{short[1]}", timeout=10) as client:
         assert client.get("/health", headers={"x-big": "a" * 65536}).status_code == 200
+
+
+class Transport(asyncio.Transport):
+    """What a `TimedHttp` writes, in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written, self.closed = b"", False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+
+
+def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> None:
+    """Chunks fed to the protocol as a socket may deliver them: a keep-alive POST whose body ends in the
+    chunk that begins the next request, whose headers end in the chunk after. That chunk's body bytes once
+    counted toward the next request's headers (a 431)."""
+    from uvicorn.server import ServerState
+
+    from serve.server import MAX_HEADER_BYTES, timed_protocol
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def fed(chunks: list[bytes]) -> Transport:
+        protocol = timed_protocol(10, 30, 5)
+        config = uvicorn.Config(app, http=protocol, lifespan="off", log_level="warning", access_log=False)
+        config.load()
+        http = protocol(
+            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+        )
+        transport = Transport()
+        http.connection_made(transport)
+        for chunk in chunks:
+            http.data_received(chunk)
+            await asyncio.sleep(0.01)  # the app answers
+        return transport
+
+    body = MAX_HEADER_BYTES + 100
+    get = b"GET /y HTTP/1.1\r\nhost: a\r\n\r\n"
+    post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % body
+    served = asyncio.run(fed([post, b"x" * body + get[:10], get[10:]]))
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", served.written) == [b"200", b"200"] and not served.closed
+    endless = asyncio.run(fed([get[:20], b"a" * (MAX_HEADER_BYTES // 2), b"a" * (MAX_HEADER_BYTES // 2)]))
+    assert endless.written.startswith(b"HTTP/1.1 431 ") and endless.closed
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ from typing import Any
 
 from profiles.testbed import LoopEntry, Sourced, Testbed
 from profiles.testbeds import load_testbed, new_testbed_file, write_testbed
-from runs.build import ROOT
+from runs.build import ROOT, shown
 from runs.config import RunConfig, load_progress, workload_points
 from runs.results import percentile
 from sangam.cost import IterationKind
@@ -237,7 +237,7 @@ def loop_terms(replay: Path = REPLAY, loops: Path = LOOPS) -> Terms:
     fit = (
         f"the reference's per-iteration ReportBatchMetrics (Batch build, to_proto, blocking call; every "
         f"request's full sequence) on the H200 host, relative least squares a + c * tokens through its "
-        f"{len(rows)} medians (B = 1-64, L = 1024 and 1536; {_shown(rpc)}, "
+        f"{len(rows)} medians (B = 1-64, L = 1024 and 1536; {shown(rpc)}, "
         f"benchmarks/refpeer/report_rpc_timer.py); calib/reference_loop.py"
     )
     colocated_file = loops / "colocated" / "summary.json"
@@ -248,20 +248,20 @@ def loop_terms(replay: Path = REPLAY, loops: Path = LOOPS) -> Terms:
         f"timing shim; B = 1-64 requests in decode at 8 and 16 forwards per block, {LOOPS_SEQ}-token "
         f"sequences): per decode-only iteration the wall time from its start to the next one's less its GPU "
         f"call, less the report fit above, medians per batch size, relative least squares a + b * items "
-        f"({_shown(colocated_file)}); calib/reference_loop.py"
+        f"({shown(colocated_file)}); calib/reference_loop.py"
     )
     loop = LoopEntry(Sourced(a, fit), Sourced(c, fit), Sourced(rest_a, rest), Sourced(rest_b, rest))
-    control = control_term(colocated["block_gaps_by_phase"], loop, _shown(colocated_file))
+    control = control_term(colocated["block_gaps_by_phase"], loop, shown(colocated_file))
     hybrid_file = loops / "hybrid" / "summary.json"
     path = json.loads(hybrid_file.read_text())["hybrid"]["transfers"]["prefill_end_to_send_ms"]
     handoff = Sourced(
         path["median"],
         f"from a prefill batch's end (its report sent) to its KV send's start, through the reference's "
         f"hybrid launcher (one prefill and one decode worker on one H200, 1 QPS; median of {path['n']} "
-        f"transfers; {_shown(hybrid_file)}): its scheduler's report handling, its blocking TriggerKVTransfer "
+        f"transfers; {shown(hybrid_file)}): its scheduler's report handling, its blocking TriggerKVTransfer "
         f"and the prefill worker's transfer thread starting the send; calib/reference_loop.py",
     )
-    return Terms(loop, handoff, control, loop_scales(colocated, hybrid_file, _shown(colocated_file)))
+    return Terms(loop, handoff, control, loop_scales(colocated, hybrid_file, shown(colocated_file)))
 
 
 def loop_scales(colocated: Mapping[str, Any], hybrid_file: Path, where: Path) -> dict[IterationKind, Sourced]:
@@ -274,7 +274,7 @@ def loop_scales(colocated: Mapping[str, Any], hybrid_file: Path, where: Path) ->
         IterationKind.MIXED: (colocated["gpu_over_profile"]["mixed"], f"its colocated worker ({where})"),
         IterationKind.PREFILL: (
             burst,
-            f"its hybrid launcher's prefill worker, a burst ({_shown(hybrid_file)})",
+            f"its hybrid launcher's prefill worker, a burst ({shown(hybrid_file)})",
         ),
     }
     return {
@@ -287,10 +287,6 @@ def loop_scales(colocated: Mapping[str, Any], hybrid_file: Path, where: Path) ->
         )
         for kind, (ratio, what) in measured.items()
     }
-
-
-def _shown(path: Path) -> Path:
-    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def with_terms(base: Testbed, name: str, terms: Terms) -> Testbed:

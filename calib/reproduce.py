@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -156,7 +157,8 @@ def run_tasks(
                 on_done(i, len(work))
         return out
     ordered = sorted(work, key=lambda t: -t.key.qps)  # the loaded 8-GPU points first: no long tail at the end
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawned, as sim.engines' pool: a forked worker would inherit this process's signal handlers and state
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, outcome in enumerate(pool.map(run_task, ordered), start=1):
             out[outcome.key] = outcome
             if on_done:

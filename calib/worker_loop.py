@@ -3,24 +3,30 @@
 A profile times `Engine.step` (`calib.profile_runner`); a live worker's loop then hands the report to its
 sender thread and admits what arrived before the next step starts (`executor.worker.process`). A live
 iteration log (`sangam live --iteration-log`) records each step's `start` and `end` and, where the loop went
-straight on, `cycle_s` from that start to the next one's: `cycle_s - (end - start)` is the loop's own time.
-`sangam fit --loop DIR...` fits it as `a + b * items` by least squares over every such iteration, so the
-simulator charges its mean per iteration (`sangam.cost.LoopCosts`: `other_ms`, `other_item_ms`).
+straight on, `cycle_s` from that start to the next one's: `cycle_s - (end - start)` is the loop's own time
+(with the step's tail after its `end` stamp, the report's assembly, tens of microseconds, which a profile
+times too). `sangam fit --loop DIR...` fits it as `a + b * min(items, cap)` by least squares over every such
+iteration, so the simulator charges its mean per iteration (`sangam.cost.LoopCosts`: `other_ms`,
+`other_item_ms`, `other_items_cap`); the cap keeps the line within the item counts it was fitted on.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import statistics
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from profiles.shapes import Shape
 from profiles.testbed import LoopEntry, Sourced, Testbed
-from runs.build import ROOT
+from runs.build import shown
 
 MIN_ITERATIONS = 100  # fewer straight-on iterations say little about a loop that takes a tenth of a ms
+MIN_PER_COUNT = 100  # iterations of an item count, at least, for the fit to reach it
 COLUMNS = ("start", "end", "items", "cycle_s")
 
 
@@ -49,47 +55,86 @@ def loop_samples(dirs: Sequence[Path]) -> list[tuple[int, float]]:
     return samples
 
 
-def fit_loop(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(a, b) in seconds of the least-squares line a + b * items through `samples`; with one item count
-    only, its mean and 0. ValueError (one line) for too few samples or a line below zero."""
+@dataclass(frozen=True, slots=True)
+class LoopFit:
+    """The loop's time a + b * min(items, cap), in seconds."""
+
+    a: float
+    b: float
+    cap: int
+
+    def text(self) -> str:
+        return f"{self.a * 1e3:.3f} ms + {self.b * 1e3:.3f} ms per item up to {self.cap}"
+
+
+def fit_loop(samples: Sequence[tuple[int, float]]) -> LoopFit:
+    """The least-squares a + b * min(items, cap) through `samples`, cap the item count (of those seen at
+    least `MIN_PER_COUNT` times) that fits best: the loop's time grows with its first items and then levels
+    off, and a line is not carried past the counts it was fitted on. ValueError (one line) for too few
+    samples."""
     if len(samples) < MIN_ITERATIONS:
         raise ValueError(
             f"--loop: {len(samples)} iterations the loop went straight on from; {MIN_ITERATIONS} at least"
         )
-    items, seconds = [float(n) for n, _ in samples], [s for _, s in samples]
+    counts = Counter(n for n, _ in samples)
+    well_seen = (n for n, seen in counts.items() if seen >= MIN_PER_COUNT)
+    caps = sorted({min(counts), *well_seen})  # the first gives the mean
+    fits = [fit for cap in caps if (fit := _line(samples, cap)) is not None]
+    return min(fits, key=lambda fit: _squares(samples, fit))
+
+
+def _line(samples: Sequence[tuple[int, float]], cap: int) -> LoopFit | None:
+    """The least-squares line in min(items, cap); its mean where that is one value; None where it falls
+    or starts below zero."""
+    items, seconds = [float(min(n, cap)) for n, _ in samples], [s for _, s in samples]
     if len(set(items)) == 1:
-        return statistics.fmean(seconds), 0.0
+        return LoopFit(max(0.0, statistics.fmean(seconds)), 0.0, cap)
     b, a = statistics.linear_regression(items, seconds)
-    if a < 0 or b < 0:
-        raise ValueError(f"--loop: the fitted loop {a * 1e3:.4f} ms + {b * 1e3:.4f} ms per item is negative")
-    return a, b
+    return LoopFit(a, b, cap) if a >= 0 and b >= 0 else None
+
+
+def _squares(samples: Sequence[tuple[int, float]], fit: LoopFit) -> float:
+    return sum((s - fit.a - fit.b * min(n, fit.cap)) ** 2 for n, s in samples)
 
 
 def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path]) -> Testbed:
-    """`base` (a testbed of our executor: no loop of its own) charging the loop measured in `dirs`, its
-    version raised by one."""
+    """`base` (a testbed of our executor: no loop of its own) charging the loop measured in `dirs` (runs on
+    its GPU), its version raised by one."""
     if base.loop is not None:
         raise ValueError(f"--loop: {base.name} already charges a worker loop; base one of ours without")
+    dirs = list(dict.fromkeys(d.resolve() for d in dirs))  # a run given twice counts once
+    for directory in dirs:
+        gpu = _run_gpu(directory)
+        if gpu != base.gpu:
+            raise ValueError(f"--loop {directory}: a run on {gpu}, not {base.name}'s {base.gpu}")
     samples = loop_samples(dirs)
-    a, b = fit_loop(samples)
-    runs = ", ".join(str(_shown(d.resolve())) for d in dirs)
+    fit = fit_loop(samples)
+    runs = ", ".join(str(shown(d)) for d in dirs)
     source = (
-        f"measured live: our worker loop from a step's end to the next step's start, least squares "
-        f"a + b * items over {len(samples)} iterations the loop went straight on from ({runs}); "
+        f"measured live: our worker loop from a step's end to the next step's start (with the step's own "
+        f"tail after its end stamp, tens of microseconds, which a profile times too), least squares "
+        f"a + b * min(items, cap) over {len(samples)} iterations the loop went straight on from ({runs}); "
         f"sangam fit --loop, calib/worker_loop.py"
     )
     apart = "none apart: the sender thread sends the reports, and what that costs the loop is in other_ms"
     loop = LoopEntry(
-        Sourced(0.0, apart), Sourced(0.0, apart), Sourced(a * 1e3, source), Sourced(b * 1e3, source)
-    )
+        Sourced(0.0, apart), Sourced(0.0, apart), Sourced(fit.a * 1e3, source), Sourced(fit.b * 1e3, source),
+        Sourced(float(fit.cap), source),
+    )  # fmt: skip
     version = base.version + 1
     note = (
         f" Version {version}: its worker loop between steps, which the profile does not time "
-        f"({a * 1e3:.3f} ms + {b * 1e3:.3f} ms per item an iteration), measured live (sangam fit --loop)."
+        f"({fit.text()} an iteration), measured live (sangam fit --loop)."
     )
     described = base.description + note
     return dataclasses.replace(base, name=name, version=version, loop=loop, description=described)
 
 
-def _shown(path: Path) -> Path:
-    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+def _run_gpu(directory: Path) -> str:
+    """The GPU a live run's summary.json names; ValueError (one line) without one."""
+    try:
+        return str(json.loads((directory / "summary.json").read_text())["config"]["gpu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"--loop {directory}: not a live run directory (no summary.json naming its GPU)"
+        ) from None

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
-    before = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # live, serve set their own
+    before = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # serve sets its own
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -74,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sangam: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, before)
+        if main_thread:  # None: a handler not set from Python, which only the default stands for here
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def describe_os_error(err: OSError) -> str:

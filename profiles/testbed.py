@@ -77,22 +77,26 @@ class PagesEntry:
 class LoopEntry:
     """What the executor's worker loop costs per iteration beyond the GPU call its profile times
     (`LoopCosts`): its report (`report_ms` plus `report_token_ns` per token of every item's sequence) and
-    the rest (`other_ms` plus `other_item_ms` per item)."""
+    the rest (`other_ms` plus `other_item_ms` per item, up to `other_items_cap` items where given)."""
 
     report_ms: Sourced
     report_token_ns: Sourced
     other_ms: Sourced
     other_item_ms: Sourced
+    other_items_cap: Sourced | None = None
 
     def costs(self) -> LoopCosts:
+        cap = self.other_items_cap
         return LoopCosts(
             (self.report_ms.value + self.other_ms.value) / 1e3,
             self.other_item_ms.value / 1e3,
             self.report_token_ns.value / 1e9,
+            int(cap.value) if cap is not None else None,
         )
 
 
 LOOP_TERMS = ("report_ms", "report_token_ns", "other_ms", "other_item_ms")
+LOOP_CAP = "other_items_cap"  # optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +228,18 @@ def _non_negative(data: Any, where: str) -> Sourced:
 def _loop(data: Any, where: str) -> LoopEntry | None:
     if data is None:
         return None
-    if not isinstance(data, Mapping) or set(data) != set(LOOP_TERMS):
+    if not isinstance(data, Mapping) or not set(LOOP_TERMS) <= set(data) <= {*LOOP_TERMS, LOOP_CAP}:
         raise ValueError(
-            f"{where}: must hold exactly {', '.join(LOOP_TERMS)}, each with 'value' and 'source'"
+            f"{where}: must hold exactly {', '.join(LOOP_TERMS)} (and {LOOP_CAP} if capped), each with "
+            "'value' and 'source'"
         )
-    return LoopEntry(*(_non_negative(data[term], f"{where}.{term}") for term in LOOP_TERMS))
+    cap = _non_negative(data[LOOP_CAP], f"{where}.{LOOP_CAP}") if LOOP_CAP in data else None
+    if cap is not None and (cap.value < 1 or cap.value != int(cap.value)):
+        raise ValueError(f"{where}.{LOOP_CAP}: must be a whole number of items, at least 1")
+    report_ms, report_token_ns, other_ms, other_item_ms = (
+        _non_negative(data[term], f"{where}.{term}") for term in LOOP_TERMS
+    )
+    return LoopEntry(report_ms, report_token_ns, other_ms, other_item_ms, cap)
 
 
 def parse_testbed(data: Any, name: str) -> Testbed:
@@ -331,6 +342,8 @@ def testbed_dict(testbed: Testbed) -> dict[str, Any]:
         }
     if testbed.loop is not None:
         out["loop"] = {term: _sourced_dict(getattr(testbed.loop, term)) for term in LOOP_TERMS}
+        if testbed.loop.other_items_cap is not None:
+            out["loop"][LOOP_CAP] = _sourced_dict(testbed.loop.other_items_cap)
     if testbed.handoff_ms is not None:
         out["handoff_ms"] = _sourced_dict(testbed.handoff_ms)
     if testbed.fit is not None:

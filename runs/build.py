@@ -25,6 +25,11 @@ MANIFEST = ROOT / "runs" / "native.json"  # module -> sha256 of the source it wa
 REBUILD = "SANGAM_NATIVE=1 pip install -e . builds it again, python -m runs.build --clean removes it"
 
 
+def shown(path: Path) -> Path:
+    """`path` relative to the repository when inside it (what a shipped file may name), else as it is."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def source_path(module: str, root: Path = ROOT) -> Path:
     return root.joinpath(*module.split(".")).with_suffix(".py")
 

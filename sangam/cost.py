@@ -86,15 +86,19 @@ class LoopCosts:
     host-side structure, e.g. the reference implementation's: docs/calibration.md): `iteration_s` per
     iteration, `item_s` per item in it (host syncs and bookkeeping per request) and `token_s` per token of
     every item's sequence (a report that carries each request's full sequence, sent before the next
-    iteration starts)."""
+    iteration starts); items past `items_cap` (where given) add nothing more (the per-item cost was
+    measured up to it)."""
 
     iteration_s: float = 0.0
     item_s: float = 0.0
     token_s: float = 0.0
+    items_cap: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.iteration_s, self.item_s, self.token_s) < 0:
             raise ValueError(f"loop costs must not be negative, got {self}")
+        if self.items_cap is not None and self.items_cap < 1:
+            raise ValueError(f"a loop's items cap must be at least 1, got {self.items_cap}")
 
     @property
     def none(self) -> bool:
@@ -106,11 +110,16 @@ class LoopCosts:
             tokens += req.seq_len
         for req in mb.prefills:
             tokens += req.seq_len
-        return self.iteration_s + self.item_s * (len(mb.decodes) + len(mb.prefills)) + self.token_s * tokens
+        items = len(mb.decodes) + len(mb.prefills)
+        if self.items_cap is not None:
+            items = min(items, self.items_cap)
+        return self.iteration_s + self.item_s * items + self.token_s * tokens
 
     def label(self) -> str:
         ms, item, ns = self.iteration_s * 1e3, self.item_s * 1e3, self.token_s * 1e9
-        return f"plus a loop of {ms:.3g} ms + {item:.3g} ms per item + {ns:.3g} ns per token per iteration"
+        cap = f" up to {self.items_cap}" if self.items_cap is not None else ""
+        per_item = f"{item:.3g} ms per item{cap}"
+        return f"plus a loop of {ms:.3g} ms + {per_item} + {ns:.3g} ns per token per iteration"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calib.worker_loop import MIN_ITERATIONS, fit_loop, loop_samples
+from calib.worker_loop import MIN_ITERATIONS, MIN_PER_COUNT, LoopFit, fit_loop, loop_samples
 from cli.main import main
 from profiles.testbeds import load_testbed
 from sim.setup import Resolver
@@ -17,13 +18,14 @@ from sim.setup import Resolver
 COLUMNS = ("worker", "start", "end", "gpu_s", "items", "cycle_s")
 
 
-def write_log(directory: Path, rows: list[tuple[float, float, str, float]]) -> Path:
-    """An iterations.csv of (start, end, items, cycle_s) rows."""
+def write_run(directory: Path, rows: list[tuple[float, float, str, float]], gpu: str = "h200") -> Path:
+    """A live run's iterations.csv of (start, end, items, cycle_s) rows, and a summary.json naming `gpu`."""
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "iterations.csv").open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(COLUMNS)
         out.writerows((0, start, end, 0.001, items, cycle) for start, end, items, cycle in rows)
+    (directory / "summary.json").write_text(json.dumps({"config": {"gpu": gpu}}))
     return directory
 
 
@@ -31,41 +33,48 @@ def items_of(decodes: int, prefills: int = 0) -> str:
     return ";".join(["p:512:512"] * prefills + ["d:32:600"] * decodes)
 
 
-def exact_rows(a: float, b: float, n: int = 120) -> list[tuple[float, float, str, float]]:
-    """Steps of 5 ms whose loop then takes exactly a + b * items, items cycling 1..4 (one a prefill)."""
+def exact_rows(a: float, b: float, cap: int = 99, n: int = 600) -> list[tuple[float, float, str, float]]:
+    """Steps of 5 ms whose loop then takes exactly a + b * min(items, cap), items cycling 1..5 (one of the
+    iterations of 1 a prefill)."""
     rows, now = [], 0.0
     for i in range(n):
-        decodes, prefills = i % 4, 1 if i % 4 == 0 else 0
-        items = decodes + prefills
-        rows.append((now, now + 0.005, items_of(decodes, prefills), 0.005 + a + b * items))
-        now += 0.005 + a + b * items
+        decodes = i % 6
+        prefills = 1 if decodes == 0 else 0
+        loop = a + b * min(decodes + prefills, cap)
+        rows.append((now, now + 0.005, items_of(decodes, prefills), 0.005 + loop))
+        now += 0.005 + loop
     return rows
 
 
-def test_the_fit_recovers_a_loop_of_known_cost(tmp_path: Path) -> None:
-    run = write_log(tmp_path / "run", exact_rows(1e-4, 2e-5))
+@pytest.mark.parametrize(("a", "b", "cap"), [(1e-4, 2e-5, 5), (9e-5, 3e-5, 3), (1.5e-4, 0.0, 1)])
+def test_the_fit_recovers_a_loop_of_known_cost_and_where_it_levels_off(
+    tmp_path: Path, a: float, b: float, cap: int
+) -> None:
+    run = write_run(tmp_path / "run", exact_rows(a, b, cap))
     samples = loop_samples([run])
-    assert {items for items, _ in samples} == {1, 2, 3}
-    assert fit_loop(samples) == pytest.approx((1e-4, 2e-5), rel=1e-6)
+    assert {items for items, _ in samples} == {1, 2, 3, 4, 5}
+    fit = fit_loop(samples)
+    assert (fit.a, fit.b) == pytest.approx((a, b), rel=1e-6, abs=1e-12)
+    assert fit.cap == cap or (b == 0 and fit.cap >= 1)  # a flat loop: any cap fits
 
 
 def test_only_iterations_the_loop_went_straight_on_from_count(tmp_path: Path) -> None:
     rows = exact_rows(1e-4, 0.0)
     rows[5] = (*rows[5][:3], 0.0)  # the loop idled after it: no cycle
     rows[6] = (*rows[6][:2], "", 0.5)  # no items
-    run = write_log(tmp_path / "run", rows)
+    run = write_run(tmp_path / "run", rows)
     assert len(loop_samples([run])) == len(rows) - 2
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 64), st.floats(0.0, 1e-3)), min_size=MIN_ITERATIONS, max_size=300))
-def test_a_fitted_loop_is_never_negative_or_an_error_says_so(samples: list[tuple[int, float]]) -> None:
-    try:
-        a, b = fit_loop(samples)
-    except ValueError as err:
-        assert "is negative" in str(err)
-    else:
-        assert a >= 0 and b >= 0
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(0.0, 1e-3)), min_size=MIN_ITERATIONS, max_size=400))
+def test_a_fitted_loop_is_never_negative_nor_carried_past_the_counts_seen_often(
+    samples: list[tuple[int, float]],
+) -> None:
+    fit = fit_loop(samples)
+    often = [n for n in {n for n, _ in samples} if sum(m == n for m, _ in samples) >= MIN_PER_COUNT]
+    assert fit.a >= 0 and fit.b >= 0
+    assert fit.cap in {min(n for n, _ in samples), *often}
 
 
 def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path) -> None:
@@ -74,11 +83,9 @@ def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path)
     with pytest.raises(ValueError, match=r"no iterations.csv \(run sangam live with --iteration-log\)$"):
         loop_samples([tmp_path])
     (tmp_path / "iterations.csv").write_text("worker,start,end,items\n0,1,2,d:32:40\n")
-    with pytest.raises(
-        ValueError, match=r"iterations.csv: not an iteration log with cycles \(no cycle_s column\)$"
-    ):
+    with pytest.raises(ValueError, match=r"csv: not an iteration log with cycles \(no cycle_s column\)$"):
         loop_samples([tmp_path])
-    write_log(tmp_path, [(0.0, 0.005, "d:32:x", 0.006)])
+    write_run(tmp_path, [(0.0, 0.005, "d:32:x", 0.006)])
     with pytest.raises(ValueError, match=r"iterations.csv, line 2: not an iteration log row"):
         loop_samples([tmp_path])
 
@@ -86,18 +93,31 @@ def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path)
 def test_fit_loop_writes_a_testbed_whose_simulations_charge_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run, out = write_log(tmp_path / "run", exact_rows(2e-4, 5e-5)), tmp_path / "looped.json"
-    assert main(["fit", "--loop", str(run), "--testbed", "sangam-h200", "--out", str(out)]) == 0
-    assert "worker loop: 0.2 ms + 0.05 ms per item + 0 ns per token per iteration" in capsys.readouterr().out
+    run, out = write_run(tmp_path / "run", exact_rows(2e-4, 5e-5, cap=4)), tmp_path / "looped.json"
+    same = run / ".." / "run"  # the same run under another name: counted once
+    assert main(["fit", "--loop", str(run), str(same), "--testbed", "sangam-h200", "--out", str(out)]) == 0
+    label = "0.2 ms + 0.05 ms per item up to 4 + 0 ns per token per iteration"
+    assert f"worker loop: {label}" in capsys.readouterr().out
     testbed = load_testbed(str(out))
     assert testbed.loop is not None and testbed.loop.other_ms.value == pytest.approx(0.2)
+    assert testbed.loop_costs().items_cap == 4 and testbed.version == load_testbed("sangam-h200").version + 1
     assert (
-        str(run.resolve()) in testbed.loop.other_ms.source
-        and testbed.version == load_testbed("sangam-h200").version + 1
+        f"over 600 iterations the loop went straight on from ({run.resolve()})"
+        in testbed.loop.other_ms.source
     )
     _, name, _ = Resolver(testbed).priced("llada-8b")
-    assert name.endswith("plus a loop of 0.2 ms + 0.05 ms per item + 0 ns per token per iteration")
-    assert (
-        main(["fit", "--loop", str(run), "--testbed", str(out), "--out", str(tmp_path / "again.json")]) == 2
-    )
+    assert name.endswith(f"plus a loop of {label}")
+    again = ["fit", "--loop", str(run), "--testbed", str(out), "--out", str(tmp_path / "again.json")]
+    assert main(again) == 2
     assert "already charges a worker loop" in capsys.readouterr().err
+    other = write_run(tmp_path / "h100", exact_rows(2e-4, 5e-5), gpu="h100")
+    assert (
+        main(["fit", "--loop", str(other), "--testbed", "sangam-h200", "--out", str(tmp_path / "x.json")])
+        == 2
+    )
+    assert "a run on h100, not sangam-h200's h200" in capsys.readouterr().err
+
+
+def test_a_loop_fit_is_what_the_simulator_charges() -> None:
+    fit = LoopFit(1e-4, 2e-5, 3)
+    assert fit.text() == "0.100 ms + 0.020 ms per item up to 3"

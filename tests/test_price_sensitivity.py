@@ -29,7 +29,7 @@ def test_unscaled_prices_give_the_shipped_validation_and_dearer_decodes_a_slower
     assert round(same["mean"], 1) == round(shipped["mean_e2el_ms"], 1) == -6.1
     assert round(same["p99"], 1) == round(shipped["p99_e2el_ms"], 1)
     dearer = price_sensitivity.scaled_validate(args(), 1.0, 1.1)
-    assert same["mean"] < dearer["mean"]  # decodes of 5+ items 10% dearer: -6.1% becomes -1.5%
+    assert same["mean"] < dearer["mean"]  # decodes of 5+ items 10% dearer: -6.1% becomes -1.6%
     again = price_sensitivity.scaled_validate(args(), 1.0, 1.0)
     assert again == same  # the cost model is put back after each run
 

@@ -196,6 +196,18 @@ def test_a_loop_cost_holds_the_worker_per_iteration_per_item_and_per_token() -> 
     assert b.blocks[0].prefill_start == 1.5  # b arrived at 0.2 and waited out a's whole loop
 
 
+def test_a_capped_loop_charges_no_item_past_its_cap() -> None:
+    # our own worker loop, fitted as 0.25 s + 0.125 s per item up to 1 item: a's prefill alone pays one
+    # item, beside b's prefill the second item adds nothing
+    a = make_request(1, 128, arrival=0.0, steps=(3,))
+    b = make_request(2, 256, arrival=0.2, steps=(1,))
+    cost = LoopedCostModel(LinearCost(1.0), LoopCosts(0.25, item_s=0.125, items_cap=1))
+    got = [(r["start"], r["end"]) for r in rows(run_cluster([a, b], cost=cost))]
+    assert got == [(0.0, 1.375), (1.375, 2.75), (2.75, 4.125)]
+    with pytest.raises(ValueError, match="items cap must be at least 1"):
+        LoopCosts(items_cap=0)
+
+
 def test_the_handoff_is_part_of_every_transfer_and_the_prefill_worker_goes_on_meanwhile() -> None:
     # as the reference's: its prefill worker's loop hands the send to a thread of its own, so its next
     # prefill starts while the scheduler's trigger and the send of the last one are still under way

@@ -410,7 +410,7 @@ class LocalCluster:
         self._watch_stop.set()
         if self._watch is not None and self._watch is not threading.current_thread():
             self._watch.join(timeout=5.0)
-        with _ignoring_sigint():
+        with _ignoring_interrupts():
             try:
                 if self.client is not None and self.children and self.children[0].proc.poll() is None:
                     with suppress(Exception):  # the scheduler may be gone already
@@ -444,13 +444,15 @@ def _wait_all(children: Sequence[Child], timeout: float) -> None:
 
 
 @contextmanager
-def _ignoring_sigint() -> Iterator[None]:
-    """Let a shutdown finish although the user presses Ctrl-C again (main thread only)."""
+def _ignoring_interrupts() -> Iterator[None]:
+    """Let a shutdown finish although the user presses Ctrl-C again or a second SIGTERM comes (main thread
+    only): cut short, it would leave the scheduler and workers, in sessions of their own, running."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

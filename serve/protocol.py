@@ -69,10 +69,15 @@ def same(value: Any, neutral: Any) -> bool:
 
 
 class StreamOptions(NullIsDefault):
-    model_config = ConfigDict(strict=True, extra="forbid")  # an unknown option is refused, not ignored
+    model_config = STRICT
+    neutral: ClassVar[Mapping[str, tuple[Any, ...]]] = {"include_obfuscation": (False,)}  # OpenAI's padding
 
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
+
+    def extra(self) -> list[tuple[str, Any]]:
+        """The options given that are not fields (`Sampling.unsupported` names them)."""
+        return list((self.model_extra or {}).items())
 
 
 class Sampling(NullIsDefault):
@@ -108,12 +113,16 @@ class Sampling(NullIsDefault):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     def unsupported(self) -> str | None:
-        """The first field given that Sangam would have to ignore (see the module's docstring), or None."""
-        for name, value in (self.model_extra or {}).items():
-            if value is None or name in LABELS:
+        """The first field given that Sangam would have to ignore (see the module's docstring), or None;
+        one of `stream_options` as `stream_options.<name>`."""
+        given = [("", key, value, self.neutral) for key, value in (self.model_extra or {}).items()]
+        if (options := self.stream_options) is not None:
+            given += [("stream_options.", key, value, options.neutral) for key, value in options.extra()]
+        for prefix, key, value, neutral_values in given:
+            if value is None or (not prefix and key in LABELS):
                 continue
-            if not any(same(value, neutral) for neutral in self.neutral.get(name, ())):
-                return name
+            if not any(same(value, neutral) for neutral in neutral_values.get(key, ())):
+                return prefix + key
         return None
 
 

@@ -38,7 +38,7 @@ from sim.sweep import Cache, Counts, Point, Runner, evaluate
 
 STATS = {"mean": "mean", "std": "std", "median": "median", "p50": "median", "p90": "p90", "p99": "p99"}
 OTHER = ("overflow_rate", "kv_transferred_gb")  # summary keys without a time unit
-MAX_STEPS = 1_000_000  # --max-qps over the granularity: a bracket's rates, at most
+MAX_STEPS = 10**12  # --max-qps over the granularity, at most (a bracket probes its logarithm's worth)
 MARKS = {"+": "met every SLO and kept up", "-": "missed an SLO", "^": "did not keep up: its backlog grew"}
 _SLO = re.compile(r"\s*([a-z0-9_]+)\s*(?:<=|=)\s*([-+0-9.eE]+)\s*")
 
@@ -220,7 +220,10 @@ def search(
     stop = tuple(rule for slo in slos if (rule := slo.stop_rule(len(seeds))) is not None)
     configs = [dataclasses.replace(c, stop=() if c.sim.failures() else stop) for c in configs]
     if not options.max_qps / g <= MAX_STEPS:
-        raise ValueError(f"--max-qps {options.max_qps:g} is more than {MAX_STEPS} steps of {g:g} requests/s")
+        raise ValueError(
+            f"--max-qps {options.max_qps:g} over the granularity {g:g} requests/s: "
+            f"more than {MAX_STEPS:g} steps"
+        )
     cap = int(options.max_qps / g + 1e-9)
     starts = [_start(options, c) for c in configs]
     brackets = [Bracket(max(1, min(cap, round(start / g))), cap) for start in starts]

@@ -271,7 +271,7 @@ def test_bad_input_is_one_line_on_stderr(
         (["reproduce", "--figures", "8,,9"], "an empty figure name in '8,,9'"),
         (
             ["search", "--max-qps", "1e308", "--slo", "p99_e2el_s=20", "--granularity", "0.5"],
-            "--max-qps 1e+308 is more than 1000000 steps of 0.5 requests/s",
+            "--max-qps 1e+308 over the granularity 0.5 requests/s: more than 1e+12 steps",
         ),  # was an OverflowError
     ],
 )

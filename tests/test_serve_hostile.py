@@ -220,6 +220,16 @@ def until_closed(sock: socket.socket) -> bytes:
     return received
 
 
+def closing_answer(server: tuple[str, int], sent: bytes) -> tuple[bytes, dict[str, Any]]:
+    """Send `sent` on a new connection; the head of what comes back until the server closes it, and the
+    error of its JSON body."""
+    with socket.create_connection(server) as sock:
+        sock.sendall(sent)
+        received = until_closed(sock)
+    head, _, body = received.partition(b"\r\n\r\n")
+    return head, json.loads(body)["error"]
+
+
 @pytest.fixture(scope="module")
 def short() -> Iterator[tuple[str, int]]:
     with app_server(FakeBackend(), options=SHORT) as (url, _):
@@ -238,13 +248,8 @@ HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/j
 def test_a_connection_whose_request_does_not_arrive_in_time_gets_408_and_is_closed(
     short: tuple[str, int], sent: bytes
 ) -> None:
-    with socket.create_connection(short) as sock:
-        sock.sendall(sent)
-        received = until_closed(sock)
-    assert received.startswith(b"HTTP/1.1 408 "), received
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert b"connection: close" in head.lower()
-    error = json.loads(body)["error"]
+    head, error = closing_answer(short, sent)
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower(), head
     assert error["code"] == 408 and "did not arrive within 0.3 s" in error["message"]
 
 
@@ -346,12 +351,9 @@ def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> N
 def test_a_request_httptools_cannot_parse_gets_400_json_and_the_connection_closes(
     short: tuple[str, int], sent: bytes
 ) -> None:
-    with socket.create_connection(short) as sock:
-        sock.sendall(sent)
-        received = until_closed(sock)
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head, received[:200]
-    assert json.loads(body)["error"]["message"] == "Invalid HTTP request received: malformed HTTP"
+    head, error = closing_answer(short, sent)
+    assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head, head
+    assert error["message"] == "Invalid HTTP request received: malformed HTTP"
 
 
 def test_an_idle_keep_alive_connection_is_closed(short: tuple[str, int]) -> None:

@@ -16,8 +16,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 COLOCATED = {
     "validate-llada-8b-h200-colocated.json": "live-colocated-llada-8b-h200",
     "validate-llada-8b-h200-colocated-recheck.json": "recheck-colocated-llada-8b-h200",
-    # on sangam-h200-fp8, profiled (piecewise graphs, attention into their static rows, Triton prefill) in
-    # the live runs' call. The earlier FP8 reports were simulated on the FP8 profiles of their day,
+    # on sangam-h200-fp8 v2, profiled (piecewise graphs, attention into their static rows, Triton prefill)
+    # in the live runs' call, its worker loop measured in the -10 runs. The earlier FP8 reports were
+    # simulated on the FP8 profiles of their day,
     # profiles/data/h200-fp8-kvfp8 at fe3c27d for validate-llada-8b-h200-colocated-fp8.json, at 3f956a3 for
     # ...-fp8-seed1[34].json, at fa1e503 for ...-fp8-[345]-seed1[34].json, at 054519f for
     # ...-fp8-6-seed1[34].json, at 330f859 for ...-fp8-7-seed1[34].json, at 7a0def5 for

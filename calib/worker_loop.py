@@ -4,10 +4,11 @@ A profile times `Engine.step` (`calib.profile_runner`); a live worker's loop the
 sender thread and admits what arrived before the next step starts (`executor.worker.process`). A live
 iteration log (`sangam live --iteration-log`) records each step's `start` and `end` and, where the loop went
 straight on, `cycle_s` from that start to the next one's: `cycle_s - (end - start)` is the loop's own time
-(with the step's tail after its `end` stamp, the report's assembly, tens of microseconds, which a profile
-times too). `sangam fit --loop DIR...` fits it as `a + b * min(items, cap)` by least squares over every such
-iteration, so the simulator charges its mean per iteration (`sangam.cost.LoopCosts`: `other_ms`,
-`other_item_ms`, `other_items_cap`); the cap keeps the line within the item counts it was fitted on.
+(in logs written before the log's `end` was stamped after the report's assembly, 2026-12-04, it also holds
+that tail of the step, tens of microseconds, which a profile times too). `sangam fit --loop DIR...` fits it
+as `a + b * min(items, cap)` by least squares over every such iteration, so the simulator charges its mean
+per iteration (`sangam.cost.LoopCosts`: `other_ms`, `other_item_ms`, `other_items_cap`); the cap keeps the
+line within the item counts it was fitted on.
 """
 
 from __future__ import annotations

@@ -295,7 +295,9 @@ class Engine:
                 job.request_id, job.block, ids, req.steps[0], rec.end, eos, rec.decode_start, logprobs
             )
             finished.append(done_block)
-        stats = self._stats(start, end, mb)
+        # the log's end: once the report is assembled, so that end - start is the whole step a profile times
+        # and what follows, to the next start, the worker loop's own (`calib.worker_loop`)
+        stats = self._stats(start, time.monotonic(), mb)
         return IterationReport(stats, gpu_s, shapes, tuple(prefilled), tuple(finished), decoded=decoded)
 
     def _timed_forward(self, items: Sequence[ForwardItem]) -> tuple[Tensor, Any]:

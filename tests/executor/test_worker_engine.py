@@ -191,3 +191,22 @@ def test_a_receive_refused_for_lack_of_pages_tells_its_sender_through_the_link()
     peer, job = links.refused[0]
     assert (peer, job.transfer_id, job.attempt, job.tag, job.generation) == (5, 3, 1, 77, 2)
     assert "no room for the KV" in job.refused and destination.batcher.pool.num_free == 2
+
+
+def test_the_logged_step_ends_once_its_report_is_assembled() -> None:
+    """The iteration log's end - start is the whole step a profile times (`calib.profile_runner` times
+    `Engine.step()`), the report's assembly included, so what follows to the next start is the worker
+    loop's own (`calib.worker_loop`); the blocks end when their tokens are committed, before that."""
+    e = engine()
+    e.admit(block(1, forwards=1))
+    assembling = e.batcher.complete
+
+    def slow_complete(*args: Any, **kwargs: Any) -> Any:
+        outcome = assembling(*args, **kwargs)
+        time.sleep(0.05)  # a slow report's assembly, after the block's end is set
+        return outcome
+
+    e.batcher.complete = slow_complete  # type: ignore[method-assign]
+    report = e.step()
+    assert report is not None and len(report.finished) == 1
+    assert report.stats.end - report.finished[0].end >= 0.05

@@ -61,6 +61,13 @@ def parse_target(row: dict[str, str]) -> Target:
 
 def read_targets(path: Path) -> list[Target]:
     """Every target of a CSV file; ValueError naming the file and line of the first bad one."""
+    try:
+        return _read_targets(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _read_targets(path: Path) -> list[Target]:
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]

@@ -104,8 +104,11 @@ def live_seconds(row: dict[str, str]) -> float:
 def read_samples(path: Path) -> list[tuple[Shape, float]]:
     """(shape, seconds) of every measured iteration in a profile CSV or a live iteration log
     (`live_seconds`: host work included, like a profile's)."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     columns = set(rows[0]) if rows else set()
     if rows and not ({"items", "seconds"} <= columns or {"items", "start", "end"} <= columns):
         raise ValueError(

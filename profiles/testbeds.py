@@ -49,7 +49,7 @@ def load_testbed(name_or_file: str, root: Path = TESTBEDS) -> Testbed:
             raise ValueError(f"no testbed file {path}") from None
         known = ", ".join(known_testbeds(root)) or "none"
         raise ValueError(f"no testbed {name_or_file!r} (known: {known}, or a JSON file)") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read the testbed {path}: {err}") from None
     return parse_testbed(data, path.stem)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -374,6 +375,23 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
     err = capsys.readouterr().err
     assert err.endswith(": an empty path\n") and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_text_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    shutil.copy(binary, tmp_path / "binary.json")
+    for args in (
+        ["fit", "--targets", str(binary), "--out", str(tmp_path / "fitted.json")],
+        ["sim", "--testbed", str(tmp_path / "binary.json"), "-n", "5"],
+        ["profile", "--from-log", str(binary), "--out", str(tmp_path / "profiles")],
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "binary." in err and ("not UTF-8 text" in err or "can't decode" in err), err
+        assert err.count("\n") == 1
 
 
 def test_profile_measures_unless_logs_are_given() -> None:

@@ -147,9 +147,14 @@ def run_validate(
 def run_live_point(cfg: RunConfig, progress: str, out: Path) -> None:
     """`sangam live` of `cfg` on its first `cfg.gpus` GPUs, its forwards per block drawn from `progress`,
     results and iteration log in `out`."""
-    from executor.run.live import plan_run, run_live
+    from executor.run.live import plan_run, run_live, visible_gpus
     from executor.run.live_options import LiveOptions
 
+    if (visible := visible_gpus()) < cfg.gpus:
+        raise ValueError(
+            f"sangam validate runs {cfg.mode} live on {cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''} (--gpus), "
+            f"{visible} visible; --live-results DIR compares with live runs made elsewhere"
+        )
     options = LiveOptions(gpus=tuple(range(cfg.gpus)), model=cfg.model)
     plan = plan_run(dataclasses.replace(cfg, pages=None), options)
     files = RunFiles(out=out, iteration_log=out / "iterations.csv", progress=progress)

@@ -85,6 +85,19 @@ def test_a_rate_with_no_live_run_is_one_line(tmp_path: Path, capsys: pytest.Capt
     assert "no live run at 0.9 QPS" in err and err.count("\n") == 1
 
 
+def test_validate_without_the_gpus_it_asks_for_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from executor.run import live
+
+    monkeypatch.setattr(live, "visible_gpus", lambda: 0)  # as on a machine without GPUs, wherever it runs
+    args = ["validate", "--gpus", "2", "--mode", "2C", "-n", "5", "--out", str(tmp_path / "v")]
+    assert main([*args, "--report", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs 2C live on 2 GPUs (--gpus), 0 visible; --live-results DIR" in err
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [(["--num-requests", "30"], "num_requests 300"), (["--model", "dream-7b"], "model 'llada-8b'")],

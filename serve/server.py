@@ -115,8 +115,9 @@ class TimedHttp(HttpToolsProtocol):
     headers must all arrive within `header_timeout` of the connection's start or of the request's first
     byte, its body within `body_timeout` of its headers. A deadline missed before a response began is a
     408; either way the connection closes, and an app still reading the body sees the client leave.
-    Headers still incomplete after `MAX_HEADER_BYTES` (not counting a chunk that also ended the request
-    before) get a 431 and the connection closes.
+    A request whose bytes other than its body (headers; a chunked body's framing and trailers) pass
+    `MAX_HEADER_BYTES` (not counting a chunk that also ended the request before) gets a 431 and the
+    connection closes.
     (`timed_protocol` sets the timeouts.)"""
 
     header_timeout = 10.0
@@ -127,9 +128,11 @@ class TimedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.keep_alive_timeout  # type: ignore[assignment]  # a float is fine
         self._deadline: asyncio.TimerHandle | None = None
-        # bytes received while a request's headers are incomplete (None from its headers' end to the next
-        # request), but for a chunk that also ended the request before (whose bytes were whose is not known)
-        self._header_bytes: int | None = None
+        # the bytes of a request that are not its body (its headers, a chunked body's framing and trailers,
+        # which httptools parses as it does headers); None between requests. A chunk that also ended the
+        # request before is not counted (whose bytes were whose is not known).
+        self._overhead: int | None = None
+        self._body_bytes = 0
         self._ended_in_chunk = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -142,19 +145,23 @@ class TimedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes = 0
+        self._overhead = 0
         if self._deadline is None:  # a request after a response (the first runs from the connection's start)
             self._arm(self.header_timeout, "headers")
 
     def data_received(self, data: bytes) -> None:
-        self._ended_in_chunk = False
+        self._ended_in_chunk, body_before = False, self._body_bytes
         super().data_received(data)
-        if self._header_bytes is None or self._ended_in_chunk or self.transport.is_closing():
+        if self._overhead is None or self._ended_in_chunk or self.transport.is_closing():
             return
-        self._header_bytes += len(data)
-        if self._header_bytes > MAX_HEADER_BYTES:
+        self._overhead += len(data) - (self._body_bytes - body_before)
+        if self._overhead > MAX_HEADER_BYTES:
             self._disarm()
             self._refuse(431, "Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def send_400_response(self, msg: str) -> None:
         """A request httptools cannot parse: OpenAI's error JSON, as every other error (uvicorn's is text)."""
@@ -162,12 +169,11 @@ class TimedHttp(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        self._header_bytes = None
         self._arm(self.body_timeout, "body")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._ended_in_chunk = True
+        self._overhead, self._ended_in_chunk = None, True
         self._disarm()
 
     def _arm(self, seconds: float, what: str) -> None:
@@ -188,7 +194,11 @@ class TimedHttp(HttpToolsProtocol):
         self.transport.close()
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
-        """Answer `status` with OpenAI's error JSON, before any response began, and close."""
+        """Answer `status` with OpenAI's error JSON and close; only close where a response is under way (an
+        answer written now would land inside it)."""
+        if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
+            self.transport.close()
+            return
         body = bytes(APIError(status, message).response().body)
         self.transport.write(
             f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n".encode()

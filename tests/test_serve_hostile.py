@@ -316,6 +316,12 @@ def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> N
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while (await receive()).get("more_body"):
             pass
+        if scope["path"] == "/slow":  # a response under way while the next request arrives
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            await send({"type": "http.response.body", "body": b"sl", "more_body": True})
+            await asyncio.sleep(1.0)
+            await send({"type": "http.response.body", "body": b"ow"})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
 
@@ -338,8 +344,26 @@ def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> N
     post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % body
     served = asyncio.run(fed([post, b"x" * body + get[:10], get[10:]]))
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", served.written) == [b"200", b"200"] and not served.closed
-    endless = asyncio.run(fed([get[:20], b"a" * (MAX_HEADER_BYTES // 2), b"a" * (MAX_HEADER_BYTES // 2)]))
+    half = b"a" * (MAX_HEADER_BYTES // 2)
+    endless = asyncio.run(fed([get[:20], half, half]))
     assert endless.written.startswith(b"HTTP/1.1 431 ") and endless.closed
+    second = asyncio.run(fed([get, get[:20], half, half]))  # the bound holds for every request on it
+    pad = b"x-pad: " + b"p" * 150_000 + b"\r\n"  # 150 kB of headers in each of two pipelined requests:
+    first, then = get[:-2] + pad + b"\r\n", post.replace(b"%d" % body, b"3")[:-2] + pad + b"\r\n"
+    pipelined = asyncio.run(
+        fed([first + then[:20], then[20:], b"abc"])
+    )  # the first's not counted for the second
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", pipelined.written) == [b"200", b"200"], pipelined.written[-200:]
+    slow = b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n"
+    spliced = asyncio.run(fed([slow, get[:20], half, half]))  # refused while /slow's answer is under way:
+    assert spliced.written.endswith(b"sl") and spliced.closed  # closed, no 431 written into that answer
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", second.written) == [b"200", b"431"] and second.closed
+    chunked = b"POST /x HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n"
+    pieces = [b"1000\r\n" + b"x" * 4096 + b"\r\n"] * 100  # 400 KiB of body in ordinary chunks
+    whole = asyncio.run(fed([chunked, *pieces, b"0\r\n\r\n", get]))
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", whole.written) == [b"200", b"200"] and not whole.closed
+    trailer = asyncio.run(fed([chunked, b"5\r\nhello\r\n0\r\nx-trailer: ", half, half]))  # parsed as headers
+    assert trailer.written.startswith(b"HTTP/1.1 431 ") and trailer.closed
 
 
 @pytest.mark.parametrize(

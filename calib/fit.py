@@ -60,7 +60,8 @@ class FitOptions:
     )  # fmt: skip
     loop: tuple[Path, ...] = option(
         (), "instead: live run directories of our executor whose iterations.csv give its worker loop's "
-        "time between steps (which a profile does not time), charged per iteration as a + b * items",
+        "time between steps (which a profile does not time), charged per iteration as "
+        "a + b * min(items, cap)",
         parse=lambda text: [nonempty_path(text)], many=True, metavar="DIR", default_text="none",
     )  # fmt: skip
     profile: Path | None = option(

@@ -64,7 +64,7 @@ def read_targets(path: Path) -> list[Target]:
     try:
         return _read_targets(path)
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason})") from None
 
 
 def _read_targets(path: Path) -> list[Target]:

@@ -39,20 +39,22 @@ def loop_samples(dirs: Sequence[Path]) -> list[tuple[int, float]]:
         log = directory / "iterations.csv"
         if not log.is_file():
             raise ValueError(f"{directory}: no iterations.csv (run sangam live with --iteration-log)")
-        with log.open(newline="") as f:
-            rows = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (rows.fieldnames or ())]
-            if missing:
-                raise ValueError(f"{log}: not an iteration log with cycles (no {', '.join(missing)} column)")
-            for line, row in enumerate(rows, start=2):
-                try:
-                    cycle = float(row["cycle_s"] or 0.0)
-                    if cycle > 0 and row["items"]:
-                        shape = Shape.parse(row["items"])
-                        between = cycle - (float(row["end"]) - float(row["start"]))
-                        samples.append((len(shape.prefills) + len(shape.decodes), between))
-                except (KeyError, ValueError) as err:
-                    raise ValueError(f"{log}, line {line}: not an iteration log row ({err})") from None
+        try:
+            rows = csv.DictReader(log.read_text().splitlines())
+        except UnicodeDecodeError:
+            raise ValueError(f"{log}: not UTF-8 text") from None
+        missing = [c for c in COLUMNS if c not in (rows.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{log}: not an iteration log with cycles (no {', '.join(missing)} column)")
+        for line, row in enumerate(rows, start=2):
+            try:
+                cycle = float(row["cycle_s"] or 0.0)
+                if cycle > 0 and row["items"]:
+                    shape = Shape.parse(row["items"])
+                    between = cycle - (float(row["end"]) - float(row["start"]))
+                    samples.append((len(shape.prefills) + len(shape.decodes), between))
+            except (KeyError, ValueError) as err:
+                raise ValueError(f"{log}, line {line}: not an iteration log row ({err})") from None
     return samples
 
 

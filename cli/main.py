@@ -55,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
-    before = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # serve sets its own
+    # only the main thread may set a handler, and a process that inherited SIGTERM ignored keeps it so
+    # (serve sets its own, for its drain)
+    handling = threading.current_thread() is threading.main_thread()
+    handling = handling and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    before = signal.signal(signal.SIGTERM, _terminate) if handling else None
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sangam: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     finally:
-        if main_thread:  # None: a handler not set from Python, which only the default stands for here
+        if handling:  # None: a handler not set from Python, which only the default stands for here
             signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 

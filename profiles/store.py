@@ -96,7 +96,8 @@ def profile_directory(gpu: str, quantization: str | None, kv_cache_dtype: str = 
 
 def live_seconds(row: dict[str, str]) -> float:
     """What one live iteration cost its worker: to the loop's next start when the loop went straight on
-    (`cycle_s`: reporting and admitting, which the simulator has no other term for), else `end - start`."""
+    (`cycle_s`: reporting and admitting included), else `end - start`. A profile refitted from live logs
+    prices the loop with the step, so a testbed on it must not charge the loop again (`sangam fit --loop`)."""
     cycle = float(row.get("cycle_s") or 0.0)
     return cycle if cycle > 0 else float(row["end"]) - float(row["start"])
 
@@ -108,7 +109,7 @@ def read_samples(path: Path) -> list[tuple[Shape, float]]:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason})") from None
     columns = set(rows[0]) if rows else set()
     if rows and not ({"items", "seconds"} <= columns or {"items", "start", "end"} <= columns):
         raise ValueError(

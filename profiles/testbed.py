@@ -11,6 +11,7 @@ each KV transfer. Files are loaded by `profiles.testbeds`; this module only chec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,7 +235,7 @@ def _loop(data: Any, where: str) -> LoopEntry | None:
             "'value' and 'source'"
         )
     cap = _non_negative(data[LOOP_CAP], f"{where}.{LOOP_CAP}") if LOOP_CAP in data else None
-    if cap is not None and (cap.value < 1 or cap.value != int(cap.value)):
+    if cap is not None and not (math.isfinite(cap.value) and cap.value >= 1 and cap.value.is_integer()):
         raise ValueError(f"{where}.{LOOP_CAP}: must be a whole number of items, at least 1")
     report_ms, report_token_ns, other_ms, other_item_ms = (
         _non_negative(data[term], f"{where}.{term}") for term in LOOP_TERMS

@@ -88,6 +88,9 @@ def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path)
     write_run(tmp_path, [(0.0, 0.005, "d:32:x", 0.006)])
     with pytest.raises(ValueError, match=r"iterations.csv, line 2: not an iteration log row"):
         loop_samples([tmp_path])
+    (tmp_path / "iterations.csv").write_bytes(b"\xff\xfe start,end")
+    with pytest.raises(ValueError, match=r"iterations.csv: not UTF-8 text$"):
+        loop_samples([tmp_path])
 
 
 def test_fit_loop_writes_a_testbed_whose_simulations_charge_it(

@@ -249,7 +249,10 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
     path.write_text(json.dumps(raw))
     looped = load_testbed(str(path))
     assert looped.loop_costs() == LoopCosts(0.032, item_s=0.0005, token_s=1e-7) and looped.handoff_s == 0.04
-    for cap, error in ((3.0, None), (0.0, "whole number of items, at least 1"), (2.5, "whole number")):
+    for cap, error in (
+        (3.0, None), (0.0, "whole number of items, at least 1"), (2.5, "whole number"),
+        (math.inf, "whole number"), (math.nan, "whole number"),
+    ):  # fmt: skip
         raw["loop"]["other_items_cap"] = {"value": cap, "source": "a test"}
         if error is None:
             assert parse_testbed(raw, "looped").loop_costs().items_cap == 3

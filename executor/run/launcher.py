@@ -408,9 +408,9 @@ class LocalCluster:
             return
         self._stopping = True
         self._watch_stop.set()
-        if self._watch is not None and self._watch is not threading.current_thread():
-            self._watch.join(timeout=5.0)
         with _ignoring_interrupts():
+            if self._watch is not None and self._watch is not threading.current_thread():
+                self._watch.join(timeout=5.0)
             try:
                 if self.client is not None and self.children and self.children[0].proc.poll() is None:
                     with suppress(Exception):  # the scheduler may be gone already
@@ -454,5 +454,5 @@ def _ignoring_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # None: a handler not set from Python; the default stands in
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -71,9 +71,10 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
         expand_layouts(layouts, query.gpus)
     except ValueError as err:
         raise InputError(f"layouts: {err}") from None
-    budgets = _field("τ", int_list, query.budgets.replace(" ", ""))
-    thetas = _field("θ", int_list, query.thetas.replace(" ", ""))
-    seeds = _field("seeds", seed_list, query.seeds.replace(" ", ""))
+    # values apart by commas, semicolons or spaces, as in the layouts (spaces once ran two values into one)
+    budgets = _field("τ", int_list, ",".join(_items(query.budgets)))
+    thetas = _field("θ", int_list, ",".join(_items(query.thetas)))
+    seeds = _field("seeds", seed_list, ",".join(_items(query.seeds)))
     if not (layouts and budgets and thetas and seeds):
         raise InputError("layouts, τ, θ and seeds each need at least one value")
     rates = [r for r in (query.granularity, query.start_qps) if r is not None] + [query.max_qps]

@@ -102,6 +102,22 @@ def test_the_page_answers_as_sangam_search_does(tmp_path: Path, given: float | N
     assert (met["mean_e2el_s=3"] <= 3).all() and (met["p99_e2el_s=8"] <= 8).all()  # seconds, as written
 
 
+def test_values_apart_by_spaces_are_several_values() -> None:
+    """τ '512 1024' and seeds '1 2 3' are two and three values, as layouts apart by spaces are (they once
+    ran into τ 5121024 and seed 123)."""
+    from app.capacity import parse_query
+
+    _, grid, _ = parse_query(
+        CapacityQuery(layouts="2C 1P1C", budgets="512 1024", thetas="8192; 4096", seeds="1 2,3")
+    )
+    assert (grid.layouts, grid.budgets, grid.thetas, grid.seeds) == (
+        ("2C", "1P1C"),
+        (512, 1024),
+        (8192, 4096),
+        (1, 2, 3),
+    )
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -15,13 +15,13 @@ from typing import TypeVar
 
 import pandas as pd
 
-from app.inputs import InputError
+from app.inputs import MAX_POINTS, InputError
 from app.sweep import WORKERS
 from runs.config import DATASETS, RunConfig
 from runs.tally import Watcher
 from sim.engines import LocalPool
 from sim.options import SimOptions
-from sim.search import Answer, SearchOptions, Slo, granularity, parse_slo, search
+from sim.search import MAX_STEPS, Answer, SearchOptions, Slo, granularity, parse_slo, search
 from sim.sweep import Cache, GridOptions, expand_layouts, grid, int_list, seed_list
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
         raise InputError("SLO: give at least one METRIC=LIMIT, for example p99_e2el_s=20")
     layouts = tuple(_items(query.layouts))
     try:
-        expand_layouts(layouts, query.gpus)
+        layout_count = len(expand_layouts(layouts, query.gpus))
     except ValueError as err:
         raise InputError(f"layouts: {err}") from None
     # values apart by commas, semicolons or spaces, as in the layouts (spaces once ran two values into one)
@@ -77,6 +77,12 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
     seeds = _field("seeds", seed_list, ",".join(_items(query.seeds)))
     if not (layouts and budgets and thetas and seeds):
         raise InputError("layouts, τ, θ and seeds each need at least one value")
+    points = layout_count * len(budgets) * len(thetas) * len(seeds)  # a round of probes runs them all
+    if points > MAX_POINTS:
+        raise InputError(
+            f"{layout_count} layouts x {len(budgets)} τ x {len(thetas)} θ x {len(seeds)} seeds is {points} "
+            f"runs a probe, too many for one search (at most {MAX_POINTS})"
+        )
     rates = [r for r in (query.granularity, query.start_qps) if r is not None] + [query.max_qps]
     if not (rates[0] > 0 and rates == sorted(rates)):
         raise InputError("need 0 < precision <= start QPS <= max QPS")
@@ -97,6 +103,8 @@ def run_query(query: CapacityQuery, watch: Watcher | None = None) -> Capacity:
     one_seed = dataclasses.replace(options, seeds=options.seeds[:1])
     configs = grid(base, one_seed, [1.0], SimOptions(cost=query.cost), None)  # each probe sets its rate
     step = granularity(search_options, configs)
+    if not query.max_qps / step <= MAX_STEPS:
+        raise InputError(f"max QPS {query.max_qps:g} is more than {MAX_STEPS:g} steps of {step:g} QPS")
     search_options = dataclasses.replace(search_options, granularity=step)
     with closing(LocalPool(WORKERS)) as engine:
         answers = search(configs, slos, options.seeds, engine, Cache(None), search_options, watch=watch)

@@ -19,6 +19,9 @@ from sangam.workload import TraceRow
 from sim.setup import Setup as Resolved
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
+# requests simulated in one comparison: the page keeps every point's request rows for its charts, about
+# 0.5 KB a request (400 points of 50,000 requests would hold ~9 GB in the server)
+MAX_REQUESTS = 1_000_000
 TRACE_SUFFIXES = ("csv", "jsonl", "json")
 
 
@@ -191,6 +194,12 @@ def build_setup(
     points = len(names) * len(rates) * len(seed_list)
     if points > MAX_POINTS:
         raise InputError(f"{points} points is too many for one comparison (at most {MAX_POINTS})")
+    per_point = min(num_requests, len(upload.rows)) if trace == "upload" and upload else num_requests
+    if points * per_point > MAX_REQUESTS:
+        raise InputError(
+            f"{points} points of {per_point:,} requests is too many for one comparison (at most "
+            f"{MAX_REQUESTS:,} requests in all): fewer points or fewer requests per point"
+        )
     try:
         base = RunConfig(
             mode=names[0],
@@ -199,9 +208,7 @@ def build_setup(
             gpus=gpus,
             trace=upload.name if trace == "upload" and upload else trace,
             qps=rates[0],
-            num_requests=min(num_requests, len(upload.rows))
-            if trace == "upload" and upload
-            else num_requests,
+            num_requests=per_point,
             mask_len=mask_len,
             arrival_cv=arrival_cv,
             budget=budget,

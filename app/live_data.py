@@ -59,10 +59,24 @@ def load_files(files: Mapping[str, bytes]) -> LiveRun:
         raise InputError(f"summary.json is not valid JSON: {err}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
         raise InputError("summary.json has no 'config' object: is it a sangam sim/live summary?")
+    _check_summary(summary)
     requests = _table(files["requests.csv"], "requests.csv", REQUEST_NEEDS)
     blocks = _table(files["blocks.csv"], "blocks.csv", BLOCK_NEEDS) if "blocks.csv" in files else None
     digest = hashlib.sha256(b"".join(files[name] for name in FILES if name in files)).hexdigest()
     return LiveRun(summary, requests, blocks, digest)
+
+
+def _check_summary(summary: Mapping[str, Any]) -> None:
+    """InputError naming the first value the page reads from summary.json that is not a number."""
+    values = {key: summary[key] for key in (*COMPARED, "control_ms") if key in summary}
+    link = summary.get("kv_link")
+    if "kv_link" in summary:
+        if not isinstance(link, dict):
+            raise InputError(f"summary.json: kv_link must be an object, got {link!r}")
+        values.update({f"kv_link.{key}": link.get(key) for key in ("gb_per_s", "latency_s")})
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(f"summary.json: {key} must be a number, got {value!r}")
 
 
 def load_directory(path: str | Path) -> LiveRun:
@@ -195,9 +209,9 @@ def twin_spec(run: LiveRun, progress: str = "", cost: str = "profile") -> PointS
         progress = bed.progress_spec(cfg.model, cfg.trace if cfg.is_synthetic else "sharegpt")
     given: dict[str, Any] = {"cost": cost}
     link, control_ms = run.summary.get("kv_link"), run.summary.get("control_ms")  # a sim run's own
-    if isinstance(link, dict):
+    if link is not None:  # numbers if given, as load_files checked
         given.update(link_gbps=float(link["gb_per_s"]), link_latency_ms=1000 * float(link["latency_s"]))
-    if isinstance(control_ms, int | float):
+    if control_ms is not None:
         given["control_ms"] = float(control_ms)
     return PointSpec(cfg, progress, live_rows(run), run.digest, options_on_testbed(bed, given))
 

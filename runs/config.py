@@ -178,11 +178,30 @@ class RunConfig:
             given["mode"] = values["layout"]
         if "model_spec" in values:  # a server's summary: `model` is what served, `model_spec` its shapes
             given["model"] = values["model_spec"]
-        if given.get("pages") is None and isinstance(values.get("kv_pages"), int):
+        if given.get("pages") is None and values.get("kv_pages") is not None:
             given["pages"] = values["kv_pages"]
+        for name, value in given.items():
+            source = _RESOLVED_NAMES.get(name, name)  # the file's name for the value
+            _check_type(source if source in values else name, value, _FIELD_TYPES[name])
         if isinstance(given.get("policy"), str):
             given["policy"] = Policy(given["policy"])
         return cls(**{**given, **changes})
+
+
+# what a summary.json may hold for each field, by its annotation (JSON has no enums: a policy is its name)
+_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "None": (type(None),), "Policy": (str,)}
+_RESOLVED_NAMES = {"mode": "layout", "model": "model_spec", "pages": "kv_pages"}
+_FIELD_TYPES = {
+    field.name: tuple(kind for part in str(field.type).split("|") for kind in _JSON_TYPES[part.strip()])
+    for field in dataclasses.fields(RunConfig)
+}
+
+
+def _check_type(name: str, value: Any, kinds: tuple[type, ...]) -> None:
+    """TypeError unless `value` is one of `kinds` (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise TypeError(f"{name} must be {wanted}, got {value!r}")
 
 
 def synthetic_rows(cfg: RunConfig) -> list[TraceRow]:

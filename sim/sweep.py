@@ -12,6 +12,7 @@ tidy table is the same whatever runs it.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import functools
@@ -63,7 +64,10 @@ def int_list(text: str) -> list[int]:
 
 
 def seed_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"whole numbers only, got {text!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

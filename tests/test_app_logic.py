@@ -106,6 +106,18 @@ def test_seeds_and_a_whole_setup() -> None:
     assert specs[0].progress == "fixed:8" and specs[0].options.cost == "analytic"
 
 
+def test_a_comparison_simulates_at_most_a_million_requests() -> None:
+    """The page keeps every point's request rows: 400 points of 50,000 requests would hold ~9 GB."""
+    values = dict(
+        model="llada-8b", gpu="h100", gpus=8, layouts="colocated, 5P3D", trace="sharegpt", upload=None,
+        qps_min=1, qps_max=10, qps_count=10, budget=1024, prefill_budget=8192, theta=8192, progress="",
+        seeds="0",
+    )  # fmt: skip
+    assert len(build_setup(**values, num_requests=50_000).specs()) == 20  # 1,000,000 in all
+    with pytest.raises(InputError, match=r"^20 points of 50,001 requests is too many .*1,000,000"):
+        build_setup(**values, num_requests=50_001)
+
+
 def test_the_mask_field_starts_at_what_a_run_on_the_trace_uses() -> None:
     assert [default_mask_len(t) for t in ("sharegpt", "arxiv", "upload")] == [1024, 512, 1024]
     for trace in ("sharegpt", "arxiv"):  # a run that leaves the mask buffer unset
@@ -416,15 +428,20 @@ def test_a_live_requests_own_mask_buffer_is_its_rows_max_tokens(tmp_path: Path) 
         ({"requests.csv": None}, "missing requests.csv"),
         ({"requests.csv": b"request_id,arrival\n0,1\n"}, "requests.csv lacks the column"),
         ({"blocks.csv": b"request_id,block,forwards\n0,0,\n"}, "blocks.csv: column forwards has a blank"),
+        ({"p99_e2el_ms": None}, "summary.json: p99_e2el_ms must be a number, got None"),
+        ({"completed": "40"}, "summary.json: completed must be a number, got '40'"),
+        ({"kv_link": "fast"}, "summary.json: kv_link must be an object, got 'fast'"),
+        ({"kv_link": {"gb_per_s": 25}}, "summary.json: kv_link.latency_s must be a number, got None"),
     ],
 )
-def test_bad_live_files_say_what_is_wrong(
-    tmp_path: Path, change: dict[str, bytes | None], message: str
-) -> None:
+def test_bad_live_files_say_what_is_wrong(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     folder = sim_results_dir(tmp_path, n=3)
     files = {name: (folder / name).read_bytes() for name in ("summary.json", "requests.csv", "blocks.csv")}
     for name, data in change.items():
-        if data is None:
+        if name not in files:  # a value of summary.json
+            summary = json.loads(files["summary.json"])
+            files["summary.json"] = json.dumps({**summary, name: data}).encode()
+        elif data is None:
             del files[name]
         else:
             files[name] = data
@@ -452,6 +469,10 @@ def test_a_live_config_with_unknown_values_is_refused(tmp_path: Path) -> None:
     summary["config"]["layout"] = "9P9Q"
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match="not a sangam config: bad mode"):
+        twin_spec(load_directory(folder))
+    summary["config"].update(layout="3P5C", budget="1024")
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match="not a sangam config: budget must be int, got '1024'"):
         twin_spec(load_directory(folder))
     with pytest.raises(InputError, match="no such results directory"):
         load_directory(tmp_path / "absent")

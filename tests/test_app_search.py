@@ -126,6 +126,9 @@ def test_values_apart_by_spaces_are_several_values() -> None:
         ({"s_layouts": "5X"}, "layouts"),
         ({"s_budgets": "big"}, "τ"),
         ({"s_start": 8.0, "s_max": 4.0}, "start QPS"),
+        ({"s_seeds": "1 x"}, "seeds: whole numbers only, got '1,x'"),
+        ({"s_gpus": 256, "s_layouts": "all"}, "511 layouts x 1 τ x 1 θ x 1 seeds is 511 runs a probe"),
+        ({"s_max": 1e11, "s_granularity": 0.01}, "max QPS 1e+11 is more than 1e+12 steps of 0.01 QPS"),
     ],
 )
 def test_bad_input_is_a_message_in_the_page(values: dict[str, Any], message: str) -> None:

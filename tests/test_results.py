@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from factories import make_request
@@ -100,3 +102,23 @@ def test_a_resolved_config_reads_back_as_written_before_and_after_one_name_per_f
     assert RunConfig.from_resolved(new, num_requests=5).num_requests == 5
     assert live_pages(new) == cfg.kv_pages and live_pages(old) is None  # None: the pool was not given
     assert live_pages({**old, "pages": 900}) == 900
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("budget", "1024", "budget must be int, got '1024'"),
+        ("prefill_budget", 1e308, "prefill_budget must be int, got 1e+308"),
+        ("qps", True, "qps must be int or float, got True"),
+        ("layout", None, "layout must be str, got None"),
+        ("kv_pages", [1], "kv_pages must be int or null, got [1]"),
+        ("seed", "x", "seed must be int, got 'x'"),
+    ],
+)
+def test_a_resolved_config_of_the_wrong_types_is_refused_by_name(key: str, value: Any, message: str) -> None:
+    """summary.json is read back from files a user may have edited: each value must be of its field's kind."""
+    from runs.config import RunConfig
+
+    written = json.loads(json.dumps(RunConfig(num_requests=5).resolved(), default=str))
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        RunConfig.from_resolved({**written, key: value})

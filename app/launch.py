@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,8 +66,21 @@ def run_app(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
     if importlib.util.find_spec("streamlit") is None:
         raise ValueError("the explorer needs the app extra: pip install -e '.[app]'")
+    check_port(args.port)
     print(f"sangam app: http://127.0.0.1:{args.port}", flush=True)
     return serve(streamlit_command(args.port, headless=not args.browser), app_environment())
+
+
+def check_port(port: int) -> None:
+    """ValueError if another process listens on 127.0.0.1:`port` (Streamlit would print its own lines and
+    exit)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as err:
+            reason = err.strerror
+            raise ValueError(f"--port {port}: 127.0.0.1:{port} is taken ({reason}); choose another") from None
 
 
 def serve(command: Sequence[str], env: dict[str, str] | None = None, grace_s: float = GRACE_S) -> int:

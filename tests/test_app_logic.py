@@ -499,6 +499,21 @@ def test_the_launcher_refuses_a_bad_port() -> None:
         run_app(parser.parse_args(["--port", "70000"]))
 
 
+def test_the_launcher_refuses_a_taken_port_in_one_line() -> None:
+    """Checked before Streamlit starts, which would print its own lines and exit."""
+    import socket
+
+    from app.launch import check_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"^--port {port}: 127.0.0.1:{port} is taken"):
+            check_port(port)
+    check_port(port)  # free again
+
+
 def test_a_testbed_sets_the_gpu_pages_forwards_link_and_arrivals_of_a_setup() -> None:
     common = dict(
         model="llada-8b", gpu="h100", gpus=2, layouts="1P1D", trace="arxiv", upload=None, qps_min=1,

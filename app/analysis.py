@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from app.sweep import PointResult
-from runs.results import PARTS, REQUEST_COLUMNS
+from app.sweep import LATENCY_COLUMNS, PointResult
+from runs.results import PARTS
 
 KNEE_RULE = (
     "The knee of a layout is the highest swept QPS up to which every swept rate keeps the p99 end-to-end "
@@ -91,9 +91,9 @@ def best_layouts(latency: pd.DataFrame, slo_s: float) -> pd.DataFrame:
 
 
 def requests_frame(results: Sequence[PointResult], qps: float) -> pd.DataFrame:
-    """Every request of every layout and seed at `qps` (REQUEST_COLUMNS plus layout and seed)."""
+    """Every request of every layout and seed at `qps` (LATENCY_COLUMNS plus layout and seed)."""
     frames = [
-        pd.DataFrame(list(r.requests), columns=list(REQUEST_COLUMNS)).assign(layout=r.layout, seed=r.seed)
+        pd.DataFrame(r.latencies, columns=list(LATENCY_COLUMNS)).assign(layout=r.layout, seed=r.seed)
         for r in results
         if r.qps == qps
     ]

@@ -17,9 +17,9 @@ from app.live_data import (
     twin_spec,
     twin_testbed,
 )
-from app.sweep import COSTS, PointResult, PointSpec
+from app.sweep import COSTS, LATENCY_COLUMNS, PointResult, PointSpec
 from app.ui import COST_LABELS, chart, run_points
-from runs.results import PARTS, REQUEST_COLUMNS
+from runs.results import PARTS
 
 STATE = "live_compare"  # session_state key: (LiveRun, sim PointResult)
 
@@ -99,10 +99,8 @@ def show(run: LiveRun, sim: PointResult) -> None:
     )
     requests = pd.concat(
         [
-            run.requests[["e2el", "queue", "decode"]].assign(source="live"),
-            pd.DataFrame(list(sim.requests), columns=list(REQUEST_COLUMNS))[
-                ["e2el", "queue", "decode"]
-            ].assign(source="sim"),
+            run.requests[list(LATENCY_COLUMNS)].assign(source="live"),
+            pd.DataFrame(sim.latencies, columns=list(LATENCY_COLUMNS)).assign(source="sim"),
         ],
         ignore_index=True,
     )

@@ -10,7 +10,7 @@ import streamlit as st
 from app import analysis, charts
 from app.inputs import InputError, Setup, UploadedTrace, build_setup, default_mask_len, read_uploaded_trace
 from app.sweep import COSTS, PointResult, profile_label
-from app.ui import COST_LABELS, chart, run_points
+from app.ui import COST_LABELS, chart, marked_running, run_points, stopped_notice
 from profiles.testbeds import known_testbeds
 from runs.config import DATASETS, RunConfig
 from sangam.budget import Policy
@@ -172,7 +172,8 @@ def run(values: dict[str, Any]) -> None:
         if values["trace"] == UPLOAD and uploaded is not None:
             upload = read_uploaded_trace(uploaded.name, uploaded.getvalue())
         setup = build_setup(**values, upload=upload)
-        results = run_points(setup.specs())
+        with marked_running(STATE):
+            results = run_points(setup.specs())
     except (InputError, ValueError, OSError) as err:  # a request too long for the KV pool comes from a worker
         st.session_state.pop(STATE, None)
         st.error(f"Cannot run this comparison: {err}")
@@ -298,6 +299,7 @@ def main() -> None:
     st.caption(
         "Which layout, budget and threshold for my model, my traffic and my GPUs? Simulated, not measured."
     )
+    stopped_notice(STATE, "Run comparison")
     values = sidebar()
     if values is not None:
         run(values)

@@ -17,7 +17,7 @@ from app.capacity import (
 )
 from app.inputs import InputError
 from app.sweep import COSTS, WORKERS, profile_label
-from app.ui import COST_LABELS, chart
+from app.ui import COST_LABELS, chart, marked_running, stopped_notice
 from runs.config import DATASETS
 from runs.tally import Tally
 from sangam.hardware import GPUS, MODELS
@@ -90,7 +90,8 @@ def run(query: CapacityQuery) -> None:
         bar.progress(min(share, 1.0), text=f"{tally.done} of about {tally.total} points ({tally.note})")
 
     try:
-        capacity = run_query(query, watch)
+        with marked_running(STATE):
+            capacity = run_query(query, watch)
     except (InputError, ValueError, OSError) as err:
         st.session_state.pop(STATE, None)
         st.error(f"Cannot run this search: {err}")
@@ -164,6 +165,7 @@ def show(capacity: Capacity) -> None:
 def main() -> None:
     st.title("Capacity under an SLO")
     st.caption("The highest load each layout, budget and threshold serves within a latency target.")
+    stopped_notice(STATE, "Find the capacity")
     query = sidebar()
     if query is not None:
         run(query)

@@ -1,10 +1,12 @@
-"""Streamlit pieces both pages share: the cached point runner, and a chart with its data as CSV."""
+"""Streamlit pieces the pages share: the cached point runner, a chart with its data as CSV, and the notice
+of a run that a change stopped."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import contextmanager
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -61,3 +63,24 @@ def chart(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
         key=f"csv-{name}",
         on_click="ignore",
     )
+
+
+@contextmanager
+def marked_running(page: str) -> Iterator[None]:
+    """Mark `page`'s run under way while the block runs. A widget changed mid-run (those above a form
+    act at once) stops the script by a BaseException that is no Exception, and the rerun it starts finds
+    the mark: `stopped_notice` then says so, where the run used to vanish without a word."""
+    key = f"running-{page}"
+    st.session_state[key] = True
+    try:
+        yield
+    except Exception:
+        del st.session_state[key]
+        raise
+    del st.session_state[key]
+
+
+def stopped_notice(page: str, redo: str) -> None:
+    """A warning if `page`'s last run was stopped before it finished (`marked_running`)."""
+    if st.session_state.pop(f"running-{page}", False):
+        st.warning(f"The last run stopped when a setting above the form changed: press **{redo}** again.")

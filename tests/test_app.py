@@ -210,3 +210,39 @@ def test_bad_live_input_is_a_message_in_the_page(files: dict[str, bytes], messag
     assert not at.exception
     assert len(at.error) == 1 and message in at.error[0].value
     assert charts(at) == 0
+
+
+MARKED_PAGE = """
+import streamlit as st
+
+from app.ui import marked_running, stopped_notice
+
+stopped_notice("p", "Go")
+ending = st.radio("ending", ["stopped", "failed", "finished"], key="ending")
+if st.button("Go"):
+    try:
+        with marked_running("p"):
+            if ending == "stopped":
+                st.stop()  # what a widget changed mid-run does: a BaseException that is no Exception
+            if ending == "failed":
+                raise ValueError("bad input")
+    except ValueError:
+        st.error("failed")
+"""
+
+
+@pytest.mark.parametrize(("ending", "notices"), [("stopped", 1), ("failed", 0), ("finished", 0)])
+def test_a_run_that_a_change_stopped_is_noticed_once(ending: str, notices: int) -> None:
+    from streamlit.runtime.scriptrunner_utils.exceptions import RerunException
+
+    assert not issubclass(RerunException, Exception)  # so a rerun mid-run leaves the mark
+    at = AppTest.from_string(MARKED_PAGE, default_timeout=30)
+    at.run()
+    at.radio(key="ending").set_value(ending)
+    at.button[0].click().run()
+    assert not at.exception and not at.warning
+    at.run()
+    assert len(at.warning) == notices
+    assert notices == 0 or "press **Go** again" in at.warning[0].value
+    at.run()
+    assert not at.warning  # once

@@ -113,12 +113,14 @@ MAX_HEADER_BYTES = 256 * 1024  # a request's headers, at most (uvicorn's h11 par
 class TimedHttp(HttpToolsProtocol):
     """uvicorn's httptools connection with deadlines (uvicorn has only the keep-alive one): a request's
     headers must all arrive within `header_timeout` of the connection's start or of the request's first
-    byte, its body within `body_timeout` of its headers. A deadline missed before a response began is a
-    408; either way the connection closes, and an app still reading the body sees the client leave.
-    A request whose bytes other than its body (headers; a chunked body's framing and trailers) pass
-    `MAX_HEADER_BYTES` (not counting a chunk that also ended the request before) gets a 431 and the
-    connection closes.
-    (`timed_protocol` sets the timeouts.)"""
+    byte, its body within `body_timeout` of its headers, or, for a request pipelined behind a response
+    not yet sent (uvicorn reads no more of it until then), of that response's end. A deadline missed
+    before a response began is a 408; either way the connection closes, and an app still reading the body
+    sees the client leave. A request whose bytes other than its body (headers; a chunked body's framing
+    and trailers) pass `MAX_HEADER_BYTES` (not counting a chunk that also ended the request before) gets a
+    431 and the connection closes. An error is written only where it answers the request being read: where
+    another request's response is pending or under way, or this one's has begun, the connection just
+    closes. (`timed_protocol` sets the timeouts.)"""
 
     header_timeout = 10.0
     body_timeout = 30.0
@@ -134,6 +136,8 @@ class TimedHttp(HttpToolsProtocol):
         self._overhead: int | None = None
         self._body_bytes = 0
         self._ended_in_chunk = False
+        self._own: Any = None  # the cycle of the request being read, once its headers are in
+        self._ahead: Any = None  # the last cycle before it whose response was not sent when it was queued
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -145,7 +149,7 @@ class TimedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._overhead = 0
+        self._overhead, self._own = 0, None
         if self._deadline is None:  # a request after a response (the first runs from the connection's start)
             self._arm(self.header_timeout, "headers")
 
@@ -168,8 +172,21 @@ class TimedHttp(HttpToolsProtocol):
         self._refuse(400, "Bad Request", f"{msg.rstrip('.')}: malformed HTTP")
 
     def on_headers_complete(self) -> None:
+        before = self.cycle
         super().on_headers_complete()
-        self._arm(self.body_timeout, "body")
+        self._own = self.cycle if self.cycle is not before else None
+        if before is not None and not before.response_complete and self._own is not None:
+            self._ahead = before  # pipelined: its deadline waits for the response ahead
+            self._disarm()
+        else:
+            self._arm(self.body_timeout, "body")
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._ahead is not None and self._ahead.response_complete:
+            self._ahead = None
+            if self._overhead is not None:  # the request behind it, now started, still reads its body
+                self._arm(self.body_timeout, "body")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -187,16 +204,13 @@ class TimedHttp(HttpToolsProtocol):
 
     def _expired(self, seconds: float, what: str) -> None:
         self._deadline = None
-        if self.transport.is_closing():
-            return
-        if what == "headers" or self.cycle is None or not self.cycle.response_started:
+        if not self.transport.is_closing():
             self._refuse(408, "Request Timeout", f"the request's {what} did not arrive within {seconds:g} s")
-        self.transport.close()
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
-        """Answer `status` with OpenAI's error JSON and close; only close where a response is under way (an
-        answer written now would land inside it)."""
-        if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
+        """Answer `status` with OpenAI's error JSON and close; only close where the answer would not be read
+        as this request's (`_answers_now`)."""
+        if not self._answers_now():
             self.transport.close()
             return
         body = bytes(APIError(status, message).response().body)
@@ -206,6 +220,12 @@ class TimedHttp(HttpToolsProtocol):
             + body
         )
         self.transport.close()
+
+    def _answers_now(self) -> bool:
+        """Whether a response written now answers the request being read: no other request's response is
+        pending or under way (responses go out in order: the last one ahead is enough), nor this one's."""
+        others = [c for c in (self._ahead, self.cycle) if c is not None and c is not self._own]
+        return all(c.response_complete for c in others) and not (self._own and self._own.response_started)
 
 
 def timed_protocol(header: float, body: float, keep_alive: float) -> type[TimedHttp]:

@@ -287,7 +287,8 @@ class Transport(asyncio.Transport):
         self.written, self.closed = b"", False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += bytes(data)
+        if not self.closed:  # as a socket's transport, which drops what is written after its close
+            self.written += bytes(data)
 
     def close(self) -> None:
         self.closed = True
@@ -305,45 +306,60 @@ class Transport(asyncio.Transport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
 
 
+async def answering(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body, then answers 200 with nothing; /slow sends half its 4 bytes, and the rest a
+    second later (a response under way while the next request arrives); /later begins a second later."""
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/later":
+        await asyncio.sleep(1.0)
+    if scope["path"] == "/slow":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+        await send({"type": "http.response.body", "body": b"sl", "more_body": True})
+        await asyncio.sleep(1.0)
+        await send({"type": "http.response.body", "body": b"ow"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def fed(chunks: list[bytes | float], body_s: float = 30.0) -> Transport:
+    """What a `TimedHttp` (body timeout `body_s`) serving `answering` writes when fed `chunks` as a socket
+    may deliver them, 10 ms apart; a number among them is a pause of that many seconds."""
+    from uvicorn.server import ServerState
+
+    from serve.server import timed_protocol
+
+    protocol = timed_protocol(10, body_s, 5)
+    config = uvicorn.Config(answering, http=protocol, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    http = protocol(config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+    transport = Transport()
+    http.connection_made(transport)
+    for chunk in chunks:
+        if isinstance(chunk, float):
+            await asyncio.sleep(chunk)
+            continue
+        http.data_received(chunk)
+        await asyncio.sleep(0.01)  # the app answers
+    return transport
+
+
+def statuses(transport: Transport) -> list[bytes]:
+    return re.findall(rb"HTTP/1\.1 (\d{3}) ", transport.written)
+
+
 def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> None:
     """Chunks fed to the protocol as a socket may deliver them: a keep-alive POST whose body ends in the
     chunk that begins the next request, whose headers end in the chunk after. That chunk's body bytes once
     counted toward the next request's headers (a 431)."""
-    from uvicorn.server import ServerState
-
-    from serve.server import MAX_HEADER_BYTES, timed_protocol
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):
-            pass
-        if scope["path"] == "/slow":  # a response under way while the next request arrives
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
-            await send({"type": "http.response.body", "body": b"sl", "more_body": True})
-            await asyncio.sleep(1.0)
-            await send({"type": "http.response.body", "body": b"ow"})
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def fed(chunks: list[bytes]) -> Transport:
-        protocol = timed_protocol(10, 30, 5)
-        config = uvicorn.Config(app, http=protocol, lifespan="off", log_level="warning", access_log=False)
-        config.load()
-        http = protocol(
-            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-        )
-        transport = Transport()
-        http.connection_made(transport)
-        for chunk in chunks:
-            http.data_received(chunk)
-            await asyncio.sleep(0.01)  # the app answers
-        return transport
+    from serve.server import MAX_HEADER_BYTES
 
     body = MAX_HEADER_BYTES + 100
     get = b"GET /y HTTP/1.1\r\nhost: a\r\n\r\n"
     post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % body
     served = asyncio.run(fed([post, b"x" * body + get[:10], get[10:]]))
-    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", served.written) == [b"200", b"200"] and not served.closed
+    assert statuses(served) == [b"200", b"200"] and not served.closed
     half = b"a" * (MAX_HEADER_BYTES // 2)
     endless = asyncio.run(fed([get[:20], half, half]))
     assert endless.written.startswith(b"HTTP/1.1 431 ") and endless.closed
@@ -353,17 +369,37 @@ def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> N
     pipelined = asyncio.run(
         fed([first + then[:20], then[20:], b"abc"])
     )  # the first's not counted for the second
-    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", pipelined.written) == [b"200", b"200"], pipelined.written[-200:]
+    assert statuses(pipelined) == [b"200", b"200"], pipelined.written[-200:]
     slow = b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n"
     spliced = asyncio.run(fed([slow, get[:20], half, half]))  # refused while /slow's answer is under way:
     assert spliced.written.endswith(b"sl") and spliced.closed  # closed, no 431 written into that answer
-    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", second.written) == [b"200", b"431"] and second.closed
+    assert statuses(second) == [b"200", b"431"] and second.closed
     chunked = b"POST /x HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n"
     pieces = [b"1000\r\n" + b"x" * 4096 + b"\r\n"] * 100  # 400 KiB of body in ordinary chunks
     whole = asyncio.run(fed([chunked, *pieces, b"0\r\n\r\n", get]))
-    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", whole.written) == [b"200", b"200"] and not whole.closed
+    assert statuses(whole) == [b"200", b"200"] and not whole.closed
     trailer = asyncio.run(fed([chunked, b"5\r\nhello\r\n0\r\nx-trailer: ", half, half]))  # parsed as headers
     assert trailer.written.startswith(b"HTTP/1.1 431 ") and trailer.closed
+
+
+def test_a_pipelined_request_is_timed_and_refused_only_once_the_answer_ahead_is_sent() -> None:
+    """uvicorn reads no more of a request pipelined behind a response under way until that response is
+    sent, so its body deadline runs from then, and an error for it is never written into, or ahead of, the
+    answer before it. Its body deadline once ran from its headers: a 408 landed inside /slow's answer."""
+    slow = b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n"
+    post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n"
+    late = asyncio.run(fed([slow + post, 1.1, b"abc"], body_s=0.3))  # the body 0.1 s after /slow's end
+    assert statuses(late) == [b"200", b"200"] and b"\r\n\r\nslowHTTP/1.1 200" in late.written
+    assert not late.closed
+    never = asyncio.run(fed([slow + post, 1.5], body_s=0.3))  # the body never comes: 408 after the answer
+    assert b"\r\n\r\nslowHTTP/1.1 408 " in never.written and statuses(never) == [b"200", b"408"]
+    assert never.closed
+    chunked = b"POST /x HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n"
+    malformed = asyncio.run(fed([slow + chunked, b"zz\r\n"]))  # a bad chunk size while /slow is answered:
+    assert malformed.written.endswith(b"\r\n\r\nsl") and malformed.closed  # closed, no 400 inside it
+    later = b"GET /later HTTP/1.1\r\nhost: a\r\n\r\n"
+    waiting = asyncio.run(fed([later + chunked, b"zz\r\n"]))  # before /later's answer began, a 400 would
+    assert waiting.written == b"" and waiting.closed  # read as that answer
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from pathlib import Path
 from profiles.shapes import Shape
 from profiles.testbed import LoopEntry, Sourced, Testbed
 from runs.build import shown
+from sangam.hardware import MODELS
 
 MIN_ITERATIONS = 100  # fewer straight-on iterations say little about a loop that takes a tenth of a ms
 MIN_PER_COUNT = 100  # iterations of an item count, at least, for the fit to reach it
@@ -100,11 +101,21 @@ def _squares(samples: Sequence[tuple[int, float]], fit: LoopFit) -> float:
     return sum((s - fit.a - fit.b * min(n, fit.cap)) ** 2 for n, s in samples)
 
 
-def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path]) -> Testbed:
-    """`base` (a testbed of our executor: no loop of its own) charging the loop measured in `dirs` (runs on
-    its GPU), its version raised by one."""
+def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path], data: Path) -> Testbed:
+    """`base` (a testbed of our executor: no loop of its own, priced by profiles that `sangam profile`
+    measured, under `data` or elsewhere) charging the loop measured in `dirs` (runs on its GPU), its
+    version raised by one."""
     if base.loop is not None:
         raise ValueError(f"--loop: {base.name} already charges a worker loop; base one of ours without")
+    for model in MODELS:
+        directory = data / base.profile_dir(model)
+        meta = directory / f"{model}.meta.json"
+        if meta.is_file() and json.loads(meta.read_text(encoding="utf-8")).get("merged_logs"):
+            raise ValueError(
+                f"--loop: {base.name}'s profile of {model} ({shown(directory)}) was refitted from live "
+                "iteration logs (sangam profile --from-log), whose times hold the loop already; base a "
+                "testbed whose profiles sangam profile measured"
+            )
     dirs = list(dict.fromkeys(d.resolve() for d in dirs))  # a run given twice counts once
     for directory in dirs:
         gpu = _run_gpu(directory)

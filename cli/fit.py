@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         testbed = profiled_testbed(base, name, options.profile, DATA)
         print(testbed.kv_pages.source)
     elif loops:
-        testbed = looped_testbed(base, name, loops)
+        testbed = looped_testbed(base, name, loops, DATA)
         assert testbed.loop is not None
         print(f"worker loop: {testbed.loop.costs().label().removeprefix('plus a loop of ')}")
     elif blocks:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from calib.worker_loop import MIN_ITERATIONS, MIN_PER_COUNT, LoopFit, fit_loop, loop_samples
 from cli.main import main
+from profiles.store import DATA
 from profiles.testbeds import load_testbed
 from sim.setup import Resolver
 
@@ -93,17 +94,25 @@ def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path)
         loop_samples([tmp_path])
 
 
+def profiled(tmp_path: Path, directory: Path, name: str) -> Path:
+    """A testbed (on sangam-h200) priced by the profile in `directory`, written under `tmp_path`."""
+    out = tmp_path / f"{name}.json"
+    assert main(["fit", "--profile", str(directory), "--testbed", "sangam-h200", "--out", str(out)]) == 0
+    return out
+
+
 def test_fit_loop_writes_a_testbed_whose_simulations_charge_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    base = profiled(tmp_path, DATA / "h200-fp8-kvfp8", "base")  # measured by sangam profile alone
     run, out = write_run(tmp_path / "run", exact_rows(2e-4, 5e-5, cap=4)), tmp_path / "looped.json"
     same = run / ".." / "run"  # the same run under another name: counted once
-    assert main(["fit", "--loop", str(run), str(same), "--testbed", "sangam-h200", "--out", str(out)]) == 0
+    assert main(["fit", "--loop", str(run), str(same), "--testbed", str(base), "--out", str(out)]) == 0
     label = "0.2 ms + 0.05 ms per item up to 4 + 0 ns per token per iteration"
     assert f"worker loop: {label}" in capsys.readouterr().out
     testbed = load_testbed(str(out))
     assert testbed.loop is not None and testbed.loop.other_ms.value == pytest.approx(0.2)
-    assert testbed.loop_costs().items_cap == 4 and testbed.version == load_testbed("sangam-h200").version + 1
+    assert testbed.loop_costs().items_cap == 4 and testbed.version == load_testbed(str(base)).version + 1
     assert (
         f"over 600 iterations the loop went straight on from ({run.resolve()})"
         in testbed.loop.other_ms.source
@@ -114,11 +123,21 @@ def test_fit_loop_writes_a_testbed_whose_simulations_charge_it(
     assert main(again) == 2
     assert "already charges a worker loop" in capsys.readouterr().err
     other = write_run(tmp_path / "h100", exact_rows(2e-4, 5e-5), gpu="h100")
-    assert (
-        main(["fit", "--loop", str(other), "--testbed", "sangam-h200", "--out", str(tmp_path / "x.json")])
-        == 2
-    )
-    assert "a run on h100, not sangam-h200's h200" in capsys.readouterr().err
+    assert main(["fit", "--loop", str(other), "--testbed", str(base), "--out", str(tmp_path / "x.json")]) == 2
+    assert "a run on h100, not base's h200" in capsys.readouterr().err
+
+
+def test_a_profile_refitted_from_live_logs_is_not_charged_the_loop_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refit (`sangam profile --from-log`) prices each live iteration to the loop's next start: the
+    shipped H200 profile of LLaDA-8B is one, so sangam-h200 itself is refused."""
+    run = write_run(tmp_path / "run", exact_rows(2e-4, 5e-5))
+    for base in ("sangam-h200", str(profiled(tmp_path, DATA / "h200", "refitted"))):
+        assert main(["fit", "--loop", str(run), "--testbed", base, "--out", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert "profile of llada-8b" in err and "was refitted from live iteration logs" in err, err
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_loop_fit_is_what_the_simulator_charges() -> None:

@@ -113,14 +113,14 @@ MAX_HEADER_BYTES = 256 * 1024  # a request's headers, at most (uvicorn's h11 par
 class TimedHttp(HttpToolsProtocol):
     """uvicorn's httptools connection with deadlines (uvicorn has only the keep-alive one): a request's
     headers must all arrive within `header_timeout` of the connection's start or of the request's first
-    byte, its body within `body_timeout` of its headers, or, for a request pipelined behind a response
-    not yet sent (uvicorn reads no more of it until then), of that response's end. A deadline missed
-    before a response began is a 408; either way the connection closes, and an app still reading the body
-    sees the client leave. A request whose bytes other than its body (headers; a chunked body's framing
-    and trailers) pass `MAX_HEADER_BYTES` (not counting a chunk that also ended the request before) gets a
-    431 and the connection closes. An error is written only where it answers the request being read: where
-    another request's response is pending or under way, or this one's has begun, the connection just
-    closes. (`timed_protocol` sets the timeouts.)"""
+    byte, its body within `body_timeout` of its headers; a request pipelined behind a response not yet
+    sent has neither deadline until that response's end (uvicorn may not read it before), then the one
+    of the part it is in. A deadline missed before a response began is a 408; either way the connection
+    closes, and an app still reading the body sees the client leave. A request whose bytes other than its
+    body (headers; a chunked body's framing and trailers) pass `MAX_HEADER_BYTES` (not counting a chunk
+    that also ended the request before) gets a 431 and the connection closes. An error is written only
+    where it answers the request being read: where another request's response is pending or under way, or
+    this one's has begun, the connection just closes. (`timed_protocol` sets the timeouts.)"""
 
     header_timeout = 10.0
     body_timeout = 30.0
@@ -150,7 +150,10 @@ class TimedHttp(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._overhead, self._own = 0, None
-        if self._deadline is None:  # a request after a response (the first runs from the connection's start)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._ahead = self.cycle  # pipelined: its deadlines wait for the answer ahead
+            self._disarm()
+        elif self._deadline is None:  # after a response (the first request's runs from the connection's)
             self._arm(self.header_timeout, "headers")
 
     def data_received(self, data: bytes) -> None:
@@ -175,18 +178,15 @@ class TimedHttp(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         self._own = self.cycle if self.cycle is not before else None
-        if before is not None and not before.response_complete and self._own is not None:
-            self._ahead = before  # pipelined: its deadline waits for the response ahead
-            self._disarm()
-        else:
+        if self._ahead is None:
             self._arm(self.body_timeout, "body")
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._ahead is not None and self._ahead.response_complete:
             self._ahead = None
-            if self._overhead is not None:  # the request behind it, now started, still reads its body
-                self._arm(self.body_timeout, "body")
+            if self._overhead is not None:  # the request behind it is still arriving: its part's deadline
+                self._arm(*((self.body_timeout, "body") if self._own else (self.header_timeout, "headers")))
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -323,14 +323,14 @@ async def answering(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def fed(chunks: list[bytes | float], body_s: float = 30.0) -> Transport:
-    """What a `TimedHttp` (body timeout `body_s`) serving `answering` writes when fed `chunks` as a socket
-    may deliver them, 10 ms apart; a number among them is a pause of that many seconds."""
+async def fed(chunks: list[bytes | float], header_s: float = 10.0, body_s: float = 30.0) -> Transport:
+    """What a `TimedHttp` (header and body timeouts `header_s`, `body_s`) serving `answering` writes when
+    fed `chunks` as a socket may deliver them, 10 ms apart; a number among them is a pause of that long."""
     from uvicorn.server import ServerState
 
     from serve.server import timed_protocol
 
-    protocol = timed_protocol(10, body_s, 5)
+    protocol = timed_protocol(header_s, body_s, 5)
     config = uvicorn.Config(answering, http=protocol, lifespan="off", log_level="warning", access_log=False)
     config.load()
     http = protocol(config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
@@ -383,8 +383,8 @@ def test_the_header_bound_counts_a_requests_own_headers_not_the_last_body() -> N
 
 
 def test_a_pipelined_request_is_timed_and_refused_only_once_the_answer_ahead_is_sent() -> None:
-    """uvicorn reads no more of a request pipelined behind a response under way until that response is
-    sent, so its body deadline runs from then, and an error for it is never written into, or ahead of, the
+    """A request pipelined behind a response not yet sent (which uvicorn may not read before) has its
+    deadlines run from that response's end, and an error for it is never written into, or ahead of, the
     answer before it. Its body deadline once ran from its headers: a 408 landed inside /slow's answer."""
     slow = b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n"
     post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n"
@@ -397,6 +397,10 @@ def test_a_pipelined_request_is_timed_and_refused_only_once_the_answer_ahead_is_
     chunked = b"POST /x HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n"
     malformed = asyncio.run(fed([slow + chunked, b"zz\r\n"]))  # a bad chunk size while /slow is answered:
     assert malformed.written.endswith(b"\r\n\r\nsl") and malformed.closed  # closed, no 400 inside it
+    get = b"GET /y HTTP/1.1\r\nhost: a\r\n\r\n"  # a third's headers stop short behind two answers:
+    third = asyncio.run(fed([slow + get + get[:10], 1.6], header_s=0.3, body_s=5.0))  # its header deadline
+    assert statuses(third) == [b"200", b"200", b"408"] and third.written.count(b"slow") == 1  # runs from
+    assert b"the request's headers did not arrive within 0.3 s" in third.written and third.closed  # theirs
     later = b"GET /later HTTP/1.1\r\nhost: a\r\n\r\n"
     waiting = asyncio.run(fed([later + chunked, b"zz\r\n"]))  # before /later's answer began, a 400 would
     assert waiting.written == b"" and waiting.closed  # read as that answer

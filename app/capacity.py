@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pandas as pd
 
-from app.inputs import MAX_POINTS, InputError
+from app.inputs import MAX_POINTS, MAX_REQUESTS, InputError
 from app.sweep import WORKERS
 from runs.config import DATASETS, RunConfig
 from runs.tally import Watcher
@@ -78,10 +78,16 @@ def parse_query(query: CapacityQuery) -> tuple[list[Slo], GridOptions, SearchOpt
     if not (layouts and budgets and thetas and seeds):
         raise InputError("layouts, τ, θ and seeds each need at least one value")
     points = layout_count * len(budgets) * len(thetas) * len(seeds)  # a round of probes runs them all
+    layouts_text, seeds_text = _count(layout_count, "layout"), _count(len(seeds), "seed")
+    grid_text = f"{layouts_text} x {len(budgets)} τ x {len(thetas)} θ x {seeds_text}"
     if points > MAX_POINTS:
         raise InputError(
-            f"{layout_count} layouts x {len(budgets)} τ x {len(thetas)} θ x {len(seeds)} seeds is {points} "
-            f"runs a probe, too many for one search (at most {MAX_POINTS})"
+            f"{grid_text} is {points} runs a probe, too many for one search (at most {MAX_POINTS})"
+        )
+    if points * query.num_requests > MAX_REQUESTS:
+        raise InputError(
+            f"{grid_text} of {query.num_requests:,} requests is too many for one probe (at most "
+            f"{MAX_REQUESTS:,} requests in all): fewer configurations, seeds or requests per probe"
         )
     rates = [r for r in (query.granularity, query.start_qps) if r is not None] + [query.max_qps]
     if not (rates[0] > 0 and rates == sorted(rates)):
@@ -103,8 +109,11 @@ def run_query(query: CapacityQuery, watch: Watcher | None = None) -> Capacity:
     one_seed = dataclasses.replace(options, seeds=options.seeds[:1])
     configs = grid(base, one_seed, [1.0], SimOptions(cost=query.cost), None)  # each probe sets its rate
     step = granularity(search_options, configs)
-    if not query.max_qps / step <= MAX_STEPS:
-        raise InputError(f"max QPS {query.max_qps:g} is more than {MAX_STEPS:g} steps of {step:g} QPS")
+    if not query.max_qps / step <= MAX_STEPS:  # as `sim.search.search` refuses it, in the page's words
+        raise InputError(
+            f"max QPS {query.max_qps:g} is over {MAX_STEPS:g} steps of the precision {step:g}: raise the "
+            "precision or lower max QPS"
+        )
     search_options = dataclasses.replace(search_options, granularity=step)
     with closing(LocalPool(WORKERS)) as engine:
         answers = search(configs, slos, options.seeds, engine, Cache(None), search_options, watch=watch)
@@ -153,6 +162,10 @@ def _unit(slo: Slo) -> float:
     """From the summary's unit to the SLO's own (ms to s for an `_s` SLO)."""
     name = slo.text.partition("=")[0].partition("<")[0].strip()
     return 1 / 1000 if name.endswith("_s") else 1.0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _items(text: str) -> list[str]:

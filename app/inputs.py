@@ -19,8 +19,8 @@ from sangam.workload import TraceRow
 from sim.setup import Setup as Resolved
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
-# requests simulated in one comparison: a point of 50,000 takes ~10 s on one core, so a million take
-# minutes on the page's processes (and 400 points of 50,000 would take hours)
+# requests simulated in one comparison (or one round of a search's probes): a point of 50,000 takes ~10 s
+# on one core, so a million take minutes on the page's processes (400 points of 50,000 would take hours)
 MAX_REQUESTS = 1_000_000
 TRACE_SUFFIXES = ("csv", "jsonl", "json")
 

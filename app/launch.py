@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.util
 import os
 import signal
@@ -72,15 +73,15 @@ def run_app(args: argparse.Namespace) -> int:
 
 
 def check_port(port: int) -> None:
-    """ValueError if another process listens on 127.0.0.1:`port` (Streamlit would print its own lines and
-    exit)."""
+    """ValueError if 127.0.0.1:`port` cannot be listened on, e.g. another process holds it (Streamlit would
+    print its own lines and exit)."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as err:
-            reason = err.strerror
-            raise ValueError(f"--port {port}: 127.0.0.1:{port} is taken ({reason}); choose another") from None
+            taken = "is taken; choose another" if err.errno == errno.EADDRINUSE else "cannot be listened on"
+            raise ValueError(f"--port {port}: 127.0.0.1:{port} {taken} ({err.strerror})") from None
 
 
 def serve(command: Sequence[str], env: dict[str, str] | None = None, grace_s: float = GRACE_S) -> int:

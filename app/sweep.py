@@ -58,7 +58,7 @@ class PointSpec:
         return json.dumps(parts, sort_keys=True, default=str)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # an array field: no elementwise ==
 class PointResult:
     layout: str  # the layout's name, e.g. 8C, 5P3D
     qps: float

@@ -83,4 +83,7 @@ def marked_running(page: str) -> Iterator[None]:
 def stopped_notice(page: str, redo: str) -> None:
     """A warning if `page`'s last run was stopped before it finished (`marked_running`)."""
     if st.session_state.pop(f"running-{page}", False):
-        st.warning(f"The last run stopped when a setting above the form changed: press **{redo}** again.")
+        st.warning(
+            f"The last run was interrupted (a setting above the form changed, or the page was left or "
+            f"stopped) before it finished: press **{redo}** again."
+        )

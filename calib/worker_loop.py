@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiles.shapes import Shape
+from profiles.store import paths
 from profiles.testbed import LoopEntry, Sourced, Testbed
 from runs.build import shown
 from sangam.hardware import MODELS
@@ -108,11 +109,10 @@ def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path], data: Path) -
     if base.loop is not None:
         raise ValueError(f"--loop: {base.name} already charges a worker loop; base one of ours without")
     for model in MODELS:
-        directory = data / base.profile_dir(model)
-        meta = directory / f"{model}.meta.json"
-        if meta.is_file() and json.loads(meta.read_text(encoding="utf-8")).get("merged_logs"):
+        meta = paths(model, base.profile_dir(model), data)[1]
+        if meta.is_file() and _merged_logs(meta):
             raise ValueError(
-                f"--loop: {base.name}'s profile of {model} ({shown(directory)}) was refitted from live "
+                f"--loop: {base.name}'s profile of {model} ({shown(meta)}) was refitted from live "
                 "iteration logs (sangam profile --from-log), whose times hold the loop already; base a "
                 "testbed whose profiles sangam profile measured"
             )
@@ -142,6 +142,15 @@ def looped_testbed(base: Testbed, name: str, dirs: Sequence[Path], data: Path) -
     )
     described = base.description + note
     return dataclasses.replace(base, name=name, version=version, loop=loop, description=described)
+
+
+def _merged_logs(meta: Path) -> bool:
+    """Whether a profile's metadata lists live logs merged into its data; ValueError naming an unreadable
+    one."""
+    try:
+        return bool(json.loads(meta.read_text(encoding="utf-8")).get("merged_logs"))
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        raise ValueError(f"{shown(meta)}: not a profile's metadata (JSON)") from None
 
 
 def _run_gpu(directory: Path) -> str:

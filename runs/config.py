@@ -180,6 +180,9 @@ class RunConfig:
             given["model"] = values["model_spec"]
         if given.get("pages") is None and values.get("kv_pages") is not None:
             given["pages"] = values["kv_pages"]
+        for name in _NULL_WHERE_UNUSED:
+            if given.get(name, 0) is None:
+                del given[name]
         for name, value in given.items():
             source = _RESOLVED_NAMES.get(name, name)  # the file's name for the value
             _check_type(source if source in values else name, value, _FIELD_TYPES[name])
@@ -191,6 +194,7 @@ class RunConfig:
 # what a summary.json may hold for each field, by its annotation (JSON has no enums: a policy is its name)
 _JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "None": (type(None),), "Policy": (str,)}
 _RESOLVED_NAMES = {"mode": "layout", "model": "model_spec", "pages": "kv_pages"}
+_NULL_WHERE_UNUSED = ("prefill_budget", "theta")  # a server's summary: null where its layout has no use
 _FIELD_TYPES = {
     field.name: tuple(kind for part in str(field.type).split("|") for kind in _JSON_TYPES[part.strip()])
     for field in dataclasses.fields(RunConfig)

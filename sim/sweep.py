@@ -64,10 +64,13 @@ def int_list(text: str) -> list[int]:
 
 
 def seed_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"whole numbers only, got {text!r}") from None
+    seeds = []
+    for part in (part for part in text.split(",") if part):
+        try:
+            seeds.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"seeds are whole numbers, got {part!r}") from None
+    return seeds
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,9 @@ def test_a_comparison_simulates_at_most_a_million_requests() -> None:
     assert len(build_setup(**values, num_requests=50_000).specs()) == 20  # 1,000,000 in all
     with pytest.raises(InputError, match=r"^20 points of 50,001 requests is too many .*1,000,000"):
         build_setup(**values, num_requests=50_001)
+    upload = read_uploaded_trace("t.csv", b"prompt_len,output_len\n" + b"100,64\n" * 10)
+    uploaded = build_setup(**{**values, "trace": "upload", "upload": upload}, num_requests=50_001)
+    assert uploaded.base.num_requests == 10  # an uploaded trace's points run its 10 rows: 200 in all
 
 
 def test_the_mask_field_starts_at_what_a_run_on_the_trace_uses() -> None:

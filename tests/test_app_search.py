@@ -126,9 +126,13 @@ def test_values_apart_by_spaces_are_several_values() -> None:
         ({"s_layouts": "5X"}, "layouts"),
         ({"s_budgets": "big"}, "τ"),
         ({"s_start": 8.0, "s_max": 4.0}, "start QPS"),
-        ({"s_seeds": "1 x"}, "seeds: whole numbers only, got '1,x'"),
-        ({"s_gpus": 256, "s_layouts": "all"}, "511 layouts x 1 τ x 1 θ x 1 seeds is 511 runs a probe"),
-        ({"s_max": 1e11, "s_granularity": 0.01}, "max QPS 1e+11 is more than 1e+12 steps of 0.01 QPS"),
+        ({"s_seeds": "1 x"}, "seeds: seeds are whole numbers, got 'x'"),
+        ({"s_gpus": 256, "s_layouts": "all"}, "511 layouts x 1 τ x 1 θ x 1 seed is 511 runs a probe"),
+        (
+            {"s_gpus": 8, "s_layouts": "all", "s_seeds": "0 1", "s_requests": 50_000},
+            "15 layouts x 1 τ x 1 θ x 2 seeds of 50,000 requests is too many for one probe",
+        ),
+        ({"s_max": 1e11, "s_granularity": 0.01}, "max QPS 1e+11 is over 1e+12 steps of the precision 0.01"),
     ],
 )
 def test_bad_input_is_a_message_in_the_page(values: dict[str, Any], message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,12 @@ def test_a_profile_refitted_from_live_logs_is_not_charged_the_loop_again(
         err = capsys.readouterr().err
         assert "profile of llada-8b" in err and "was refitted from live iteration logs" in err, err
     assert not (tmp_path / "x.json").exists()
+    copy = tmp_path / "copy"
+    shutil.copytree(DATA / "h200-fp8-kvfp8", copy)
+    base = profiled(tmp_path, copy, "copied")
+    (copy / "dream-7b.meta.json").write_text("[1, 2")  # edited since
+    assert main(["fit", "--loop", str(run), "--testbed", str(base), "--out", str(tmp_path / "x.json")]) == 2
+    assert "dream-7b.meta.json: not a profile's metadata (JSON)" in capsys.readouterr().err
 
 
 def test_a_loop_fit_is_what_the_simulator_charges() -> None:

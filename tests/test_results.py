@@ -104,6 +104,20 @@ def test_a_resolved_config_reads_back_as_written_before_and_after_one_name_per_f
     assert live_pages({**old, "pages": 900}) == 900
 
 
+def test_a_servers_summary_reads_back_with_the_budgets_its_layout_leaves_null() -> None:
+    """`sangam serve`'s summary (executor/run/live.py `served`) names the served model and its shapes apart
+    and leaves prefill_budget null for colocated layouts and theta for all but hybrid ones."""
+    from runs.config import RunConfig
+
+    written = json.loads(json.dumps(RunConfig(num_requests=5, budget=512).resolved(), default=str))
+    nulls = {"prefill_budget": None, "theta": None}
+    served = {**written, "model": "tiny-llada", "model_spec": "llada-8b", **nulls}
+    back = RunConfig.from_resolved(served)
+    assert (back.model, back.budget, back.prefill_budget, back.theta) == ("llada-8b", 512, 2048, 8192)
+    with pytest.raises(TypeError, match=r"^budget must be int, got None$"):  # a null it needs is refused
+        RunConfig.from_resolved({**served, "budget": None})
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [

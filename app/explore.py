@@ -187,7 +187,7 @@ def run(values: dict[str, Any]) -> None:
 
 def describe(setup: Setup, results: list[PointResult]) -> str:
     cfg = setup.base
-    trace = f"uploaded {setup.trace.name} ({len(setup.trace.rows)} rows)" if setup.trace else cfg.trace
+    trace = setup.trace.text() if setup.trace else cfg.trace
     arrivals = "Poisson" if cfg.arrival_cv is None else f"gamma (CV {cfg.arrival_cv:g})"
     if cfg.arrival_clip is not None:
         arrivals += f" (gaps clipped at {cfg.arrival_clip:g} mean gaps)"

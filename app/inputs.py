@@ -19,6 +19,8 @@ from sangam.workload import TraceRow
 from sim.setup import Setup as Resolved
 
 MAX_POINTS = 400  # layouts x rates x seeds in one comparison
+MAX_TRACE_ROWS = 50_000  # rows of an uploaded trace read, the most a point runs: parsing 2,000,000 took 14 s
+# and 1 GB in the page's server, holding its other sessions up to 1.4 s at a time
 # requests simulated in one comparison (or one round of a search's probes): a point of 50,000 takes ~10 s
 # on one core, so a million take minutes on the page's processes (400 points of 50,000 would take hours)
 MAX_REQUESTS = 1_000_000
@@ -32,9 +34,16 @@ class InputError(ValueError):
 @dataclass(frozen=True, slots=True)
 class UploadedTrace:
     name: str
-    rows: tuple[TraceRow, ...]  # arrival times removed: the sweep draws them at each rate
+    rows: tuple[TraceRow, ...]  # its first MAX_TRACE_ROWS, arrival times removed: the sweep draws them
     digest: str  # sha256 of the file's bytes
     had_arrivals: bool
+    cut_from: int = 0  # the lines after a CSV's header (a JSONL file's lines) where more than rows were read
+
+    def text(self) -> str:
+        """How the page names it: 'uploaded t.csv (500 rows)'."""
+        if self.cut_from:
+            return f"uploaded {self.name} (its first {len(self.rows):,} of {self.cut_from:,} rows)"
+        return f"uploaded {self.name} ({len(self.rows):,} rows)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,20 +149,26 @@ def check_progress(spec: str) -> str:
 
 
 def read_uploaded_trace(name: str, data: bytes) -> UploadedTrace:
-    """An uploaded .csv or .jsonl trace, checked by `runs.traces.read_trace`."""
+    """An uploaded .csv or .jsonl trace's first MAX_TRACE_ROWS rows, checked by `runs.traces.read_trace`."""
     base = Path(name).name or "trace"
-    if Path(base).suffix.lower().lstrip(".") not in TRACE_SUFFIXES:
+    suffix = Path(base).suffix.lower().lstrip(".")
+    if suffix not in TRACE_SUFFIXES:
         raise InputError(f"{base}: a trace file must end in .csv, .jsonl or .json")
+    header = suffix == "csv"
+    lines = data.rstrip(b"\r\n").split(b"\n", MAX_TRACE_ROWS + header)  # the rest in one piece, unparsed
+    cut_from = 0
+    if len(lines) > MAX_TRACE_ROWS + header:
+        cut_from = MAX_TRACE_ROWS + 1 + lines.pop().count(b"\n")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / base
-        path.write_bytes(data)
+        path.write_bytes(b"\n".join(lines) + b"\n")
         try:
             rows = read_trace(path)
         except TraceError as err:
             raise InputError(str(err).replace(str(path), base)) from None
     had_arrivals = rows[0].arrival_time is not None
     stripped = tuple(dataclasses.replace(row, arrival_time=None) for row in rows)
-    return UploadedTrace(base, stripped, hashlib.sha256(data).hexdigest(), had_arrivals)
+    return UploadedTrace(base, stripped, hashlib.sha256(data).hexdigest(), had_arrivals, cut_from)
 
 
 def build_setup(

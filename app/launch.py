@@ -25,6 +25,9 @@ ENTRY = Path(__file__).with_name("streamlit_app.py")
 ROOT = ENTRY.parent.parent  # the directory holding the `app` package
 DEFAULT_PORT = 8501
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# an upload, at most (Streamlit's default is 200): 50,000 trace rows (what the page reads of a trace) of
+# the longest steps columns fit in ~40 MB
+MAX_UPLOAD_MB = 64
 GRACE_S = 10.0  # after SIGTERM, how long the server's group has to exit before it is killed
 
 
@@ -51,6 +54,8 @@ def streamlit_command(port: int, *, headless: bool = True) -> list[str]:
         "false",
         "--server.fileWatcherType",
         "none",  # a tool, not a development server: no reruns on edits
+        "--server.maxUploadSize",
+        str(MAX_UPLOAD_MB),
     ]
 
 

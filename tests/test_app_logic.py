@@ -149,6 +149,25 @@ def test_an_uploaded_trace_is_checked_and_named_by_its_upload_name() -> None:
     assert [(r.prompt_len, r.output_len, r.arrival_time) for r in trace.rows] == [(7, 40, None)]
 
 
+def test_an_uploaded_trace_is_read_up_to_the_rows_a_point_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace of millions of rows once took seconds and a GB to parse in the page's server; only the first
+    MAX_TRACE_ROWS are read, and the page says so."""
+    import app.inputs
+
+    monkeypatch.setattr(app.inputs, "MAX_TRACE_ROWS", 3)
+    csv = b"prompt_len,output_len\r\n" + b"".join(b"%d,32\r\n" % n for n in range(1, 8))
+    cut = read_uploaded_trace("t.csv", csv)
+    assert [r.prompt_len for r in cut.rows] == [1, 2, 3] and cut.cut_from == 7
+    assert cut.text() == "uploaded t.csv (its first 3 of 7 rows)"
+    jsonl = b"".join(b'{"prompt_len": %d, "output_len": 32}\n' % n for n in range(1, 5))
+    assert [r.prompt_len for r in read_uploaded_trace("t.jsonl", jsonl).rows] == [1, 2, 3]
+    assert read_uploaded_trace("t.jsonl", jsonl).cut_from == 4
+    whole = read_uploaded_trace("t.csv", b"prompt_len,output_len\n1,32\n2,32\n3,32\n")
+    assert whole.cut_from == 0 and whole.text() == "uploaded t.csv (3 rows)"
+    with pytest.raises(InputError, match=r"^bad\.csv line 3: output_len"):  # errors still name the line
+        read_uploaded_trace("bad.csv", b"prompt_len,output_len\n1,32\n2,x\n3,32\n4,32\n")
+
+
 # --- sweeps -----------------------------------------------------------------------------------------
 
 
@@ -493,6 +512,7 @@ def test_the_launcher_serves_on_loopback_and_imports_no_streamlit() -> None:
     assert command[1:4] == ["-m", "streamlit", "run"] and command[4].endswith("streamlit_app.py")
     assert command[command.index("--server.address") + 1] == "127.0.0.1"
     assert command[command.index("--server.port") + 1] == "8611"
+    assert command[command.index("--server.maxUploadSize") + 1] == "64"  # MB, not Streamlit's 200
     code = "import sys, app.launch; sys.exit('streamlit' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
 

@@ -299,8 +299,8 @@ def main() -> None:
     st.caption(
         "Which layout, budget and threshold for my model, my traffic and my GPUs? Simulated, not measured."
     )
-    stopped_notice(STATE, "Run comparison")
     values = sidebar()
+    stopped_notice(STATE, "Run comparison", pressed=values is not None)
     if values is not None:
         run(values)
     stored = st.session_state.get(STATE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +76,8 @@ def _check_summary(summary: Mapping[str, Any]) -> None:
             raise InputError(f"summary.json: kv_link must be an object, got {link!r}")
         values.update({f"kv_link.{key}": link.get(key) for key in ("gb_per_s", "latency_s")})
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(f"summary.json: {key} must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InputError(f"summary.json: {key} must be a finite number, got {value!r}")
 
 
 def load_directory(path: str | Path) -> LiveRun:

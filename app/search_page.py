@@ -165,8 +165,8 @@ def show(capacity: Capacity) -> None:
 def main() -> None:
     st.title("Capacity under an SLO")
     st.caption("The highest load each layout, budget and threshold serves within a latency target.")
-    stopped_notice(STATE, "Find the capacity")
     query = sidebar()
+    stopped_notice(STATE, "Find the capacity", pressed=query is not None)
     if query is not None:
         run(query)
     stored = st.session_state.get(STATE)

@@ -80,9 +80,10 @@ def marked_running(page: str) -> Iterator[None]:
     del st.session_state[key]
 
 
-def stopped_notice(page: str, redo: str) -> None:
-    """A warning if `page`'s last run was stopped before it finished (`marked_running`)."""
-    if st.session_state.pop(f"running-{page}", False):
+def stopped_notice(page: str, redo: str, pressed: bool) -> None:
+    """A warning if `page`'s last run was stopped before it finished (`marked_running`), unless `redo` was
+    `pressed` again (which stopped it, and runs anew)."""
+    if st.session_state.pop(f"running-{page}", False) and not pressed:
         st.warning(
             f"The last run was interrupted (a setting above the form changed, or the page was left or "
             f"stopped) before it finished: press **{redo}** again."

@@ -13,10 +13,13 @@ def _number(text: str, kind: type[int] | type[float], what: str) -> float:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
 
+MAX_INT = 2**31 - 1  # a count, budget or size past this means nothing here and overflows tables' int64s
+
+
 def positive_int(text: str) -> int:
     value = int(_number(text, int, "a positive integer"))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not 0 < value <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_INT}, got {text!r}")
     return value
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runs.args import positive_float, positive_int
+from runs.args import MAX_INT, positive_float, positive_int
 from runs.options import nonempty_path, option
 from sangam.budget import BatchConfig, Policy
 from sangam.hardware import GPUS, KV_DTYPE_BYTES, MODELS, ModelSpec, kv_pages, lookup_gpu, lookup_model
@@ -95,9 +95,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for name in ("gpus", "num_requests", "budget", "prefill_budget", "theta", "max_decodes"):
-            if getattr(self, name) <= 0:
+            if not 0 < getattr(self, name) <= MAX_INT:
                 raise ValueError(
-                    f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}"
+                    f"{name.replace('_', '-')} must be a positive integer up to {MAX_INT}, "
+                    f"got {getattr(self, name)}"
                 )
         if self.num_requests > MAX_REQUESTS:
             raise ValueError(f"num-requests must be at most {MAX_REQUESTS}, got {self.num_requests}")
@@ -107,10 +108,10 @@ class RunConfig:
         check_arrival_clip(self.arrival_clip)
         if self.arrival_clip is not None and self.arrival_cv is not None:
             raise ValueError("--arrival-clip applies to Poisson gaps only, not with --arrival-cv")
-        if self.mask_len is not None and (self.mask_len <= 0 or self.mask_len % 32):
+        if self.mask_len is not None and not (0 < self.mask_len <= MAX_INT and self.mask_len % 32 == 0):
             raise ValueError(f"mask length must be a positive multiple of 32, got {self.mask_len}")
-        if self.pages is not None and self.pages <= 0:
-            raise ValueError(f"pages must be a positive integer, got {self.pages}")
+        if self.pages is not None and not 0 < self.pages <= MAX_INT:
+            raise ValueError(f"pages must be a positive integer up to {MAX_INT}, got {self.pages}")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
             raise ValueError(
                 f"kv-cache-dtype must be one of {', '.join(KV_DTYPE_BYTES)}, got {self.kv_cache_dtype!r}"

@@ -119,7 +119,7 @@ def _from_counts(text: str) -> ProgressModel:
     pairs = [item.partition("=") for item in text.split(",") if item]
     if not pairs or any(not sep for _, sep, _ in pairs):
         raise ValueError("counts need D=N pairs")
-    counts = {int(d): int(n) for d, _, n in pairs}
+    counts = {_whole(d): _whole(n) for d, _, n in pairs}
     if any(n < 0 for n in counts.values()) or not sum(counts.values()):
         raise ValueError("counts must be non-negative with a positive total")
     samples = [d for d, n in counts.items() for _ in range(n)]
@@ -139,11 +139,11 @@ def parse_progress(spec: str, samples: Sequence[int] | None = None) -> ProgressM
     args = rest.split(":") if rest else []
     try:
         if kind == "fixed" and len(args) == 1:
-            return fixed(int(args[0]))
+            return fixed(_whole(args[0]))
         if kind == "uniform" and len(args) == 2:
-            return uniform(int(args[0]), int(args[1]))
+            return uniform(_whole(args[0]), _whole(args[1]))
         if kind == "betabinom" and len(args) == 2:
-            return beta_binomial(float(args[0]), float(args[1]))
+            return beta_binomial(_finite(args[0]), _finite(args[1]))
         if kind == "counts" and len(args) == 1:
             return _from_counts(args[0])
     except ValueError as err:
@@ -154,6 +154,23 @@ def parse_progress(spec: str, samples: Sequence[int] | None = None) -> ProgressM
         f"bad progress model {spec!r}: use fixed:D, uniform:LO:HI, betabinom:MEAN:STD, counts:D=N,... or "
         "empirical:FILE"
     )
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
 
 
 def _check_steps(d: int) -> None:

@@ -53,8 +53,11 @@ class LinkSpec:
     handoff_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.gb_per_s > 0 or self.latency_s < 0 or self.handoff_s < 0:
-            raise ValueError(f"a link needs positive bandwidth, non-negative latency and handoff, got {self}")
+        if not (self.gb_per_s > 0 and self.latency_s >= 0 and self.handoff_s >= 0):
+            raise ValueError(
+                f"a KV link needs a positive bandwidth and a latency and handoff of 0 or more, got "
+                f"{self.gb_per_s:g} GB/s, latency {self.latency_s:g} s, handoff {self.handoff_s:g} s"
+            )
 
     def seconds(self, nbytes: int) -> float:
         return self.handoff_s + nbytes / (self.gb_per_s * 1e9) + self.latency_s

@@ -217,9 +217,10 @@ import streamlit as st
 
 from app.ui import marked_running, stopped_notice
 
-stopped_notice("p", "Go")
 ending = st.radio("ending", ["stopped", "failed", "finished"], key="ending")
-if st.button("Go"):
+pressed = st.button("Go")
+stopped_notice("p", "Go", pressed)
+if pressed:
     try:
         with marked_running("p"):
             if ending == "stopped":
@@ -246,3 +247,14 @@ def test_a_run_that_a_change_stopped_is_noticed_once(ending: str, notices: int) 
     assert notices == 0 or "press **Go** again" in at.warning[0].value
     at.run()
     assert not at.warning  # once
+
+
+def test_a_run_stopped_by_pressing_its_button_again_is_not_noticed() -> None:
+    """A second press stops the run under way and starts anew: nothing to warn of."""
+    at = AppTest.from_string(MARKED_PAGE, default_timeout=30)
+    at.run()
+    at.radio(key="ending").set_value("stopped")
+    at.button[0].click().run()
+    at.radio(key="ending").set_value("finished")
+    at.button[0].click().run()
+    assert not at.exception and not at.warning

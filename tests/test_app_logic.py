@@ -454,10 +454,11 @@ def test_a_live_requests_own_mask_buffer_is_its_rows_max_tokens(tmp_path: Path) 
         ({"requests.csv": None}, "missing requests.csv"),
         ({"requests.csv": b"request_id,arrival\n0,1\n"}, "requests.csv lacks the column"),
         ({"blocks.csv": b"request_id,block,forwards\n0,0,\n"}, "blocks.csv: column forwards has a blank"),
-        ({"p99_e2el_ms": None}, "summary.json: p99_e2el_ms must be a number, got None"),
-        ({"completed": "40"}, "summary.json: completed must be a number, got '40'"),
+        ({"p99_e2el_ms": None}, "summary.json: p99_e2el_ms must be a finite number, got None"),
+        ({"completed": "40"}, "summary.json: completed must be a finite number, got '40'"),
         ({"kv_link": "fast"}, "summary.json: kv_link must be an object, got 'fast'"),
-        ({"kv_link": {"gb_per_s": 25}}, "summary.json: kv_link.latency_s must be a number, got None"),
+        ({"kv_link": {"gb_per_s": 25}}, "summary.json: kv_link.latency_s must be a finite number, got None"),
+        ({"mean_e2el_ms": float("nan")}, "summary.json: mean_e2el_ms must be a finite number, got nan"),
     ],
 )
 def test_bad_live_files_say_what_is_wrong(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -499,6 +500,10 @@ def test_a_live_config_with_unknown_values_is_refused(tmp_path: Path) -> None:
     summary["config"].update(layout="3P5C", budget="1024")
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match="not a sangam config: budget must be int, got '1024'"):
+        twin_spec(load_directory(folder))
+    summary["config"]["budget"] = 10**30  # a whole number, but no budget: tables' int64s overflow
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match="not a sangam config: budget must be a positive integer up to 2147"):
         twin_spec(load_directory(folder))
     with pytest.raises(InputError, match="no such results directory"):
         load_directory(tmp_path / "absent")

@@ -125,6 +125,7 @@ def test_values_apart_by_spaces_are_several_values() -> None:
         ({"s_slos": ""}, "at least one"),
         ({"s_layouts": "5X"}, "layouts"),
         ({"s_budgets": "big"}, "τ"),
+        ({"s_thetas": "99999999999999999999999"}, "θ: expected a positive integer up to 2147483647"),
         ({"s_start": 8.0, "s_max": 4.0}, "start QPS"),
         ({"s_seeds": "1 x"}, "seeds: seeds are whole numbers, got 'x'"),
         ({"s_gpus": 256, "s_layouts": "all"}, "511 layouts x 1 τ x 1 θ x 1 seed is 511 runs a probe"),

@@ -247,7 +247,8 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--mode", "99999999999P1C"], "100000000000 workers, more than 1024"),  # was a MemoryError
         (["--mode", "100000C"], "100000 workers, more than 1024"),  # ran for good
         (["--gpus", "100000"], "100000 workers, more than 1024"),
-        (["-n", "10000000000000000000000"], "num-requests must be at most 1000000"),
+        (["-n", "1000001"], "num-requests must be at most 1000000"),
+        (["--budget", "10000000000000000000000"], "expected a positive integer up to 2147483647"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(

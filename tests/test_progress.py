@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 from hypothesis import given
@@ -80,6 +81,23 @@ def test_parse_fixed_round_trips(d: int) -> None:
 )
 def test_bad_specs_are_rejected_with_a_reason(spec: str) -> None:
     with pytest.raises(ValueError, match=r"progress|forwards|spread|mean|lo"):
+        parse_progress(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("uniform:nan:inf", "'nan' is not a whole number"),
+        ("fixed:8.5", "'8.5' is not a whole number"),
+        ("counts:4=x", "'x' is not a whole number"),
+        ("betabinom:nan:2", "'nan' is not a finite number"),
+        ("betabinom:8:inf", "'inf' is not a finite number"),
+        ("betabinom:eight:2", "'eight' is not a number"),
+    ],
+)
+def test_a_value_that_is_not_a_number_of_its_kind_is_named(spec: str, reason: str) -> None:
+    """Python's own wording ("invalid literal for int() with base 10") once reached the explorer's page."""
+    with pytest.raises(ValueError, match=f"^bad progress model '{re.escape(spec)}': {re.escape(reason)}$"):
         parse_progress(spec)
 
 

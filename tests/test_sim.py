@@ -225,8 +225,10 @@ def test_the_handoff_is_part_of_every_transfer_and_the_prefill_worker_goes_on_me
 def test_a_negative_loop_cost_or_handoff_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         LoopCosts(token_s=-0.1)
-    with pytest.raises(ValueError, match="non-negative latency and handoff"):
+    with pytest.raises(ValueError, match=r"0 or more, got 100 GB/s, latency 0\.001 s, handoff -0\.5 s$"):
         LinkSpec(100.0, 0.001, -0.5)
+    with pytest.raises(ValueError, match=r"a KV link needs a positive bandwidth .* latency nan s"):
+        LinkSpec(100.0, math.nan)  # NaN once passed every comparison
 
 
 def test_a_negative_control_delay_is_refused() -> None:

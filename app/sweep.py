@@ -27,6 +27,7 @@ from runs.config import RunConfig, synthetic_rows, with_arrival_times
 from runs.results import request_row
 from sangam.progress import parse_progress
 from sangam.workload import TraceRow
+from sim.engines import stop_workers
 from sim.options import SimOptions
 from sim.run import simulate
 from sim.setup import Resolver, Setup
@@ -185,7 +186,7 @@ def run_sweep(
                 results[futures[future]] = future.result()
                 if on_done is not None:
                     on_done(done, len(specs))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # a failed point, or Streamlit stopping the run: its points end now
+            stop_workers(pool)
             raise
     return [r for r in results if r is not None]

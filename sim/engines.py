@@ -93,8 +93,21 @@ class LocalPool:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            stop_workers(self._pool)
             self._pool = None
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Shut `pool` down at once: points not started are cancelled, and those running are ended, not waited
+    for (a stopped sweep loses them anyway, and one point can take a minute of a core that other work is
+    waiting for: a stopped search, or an explorer page whose run a user replaced). Python 3.14 has this as
+    `ProcessPoolExecutor.terminate_workers`."""
+    processes = list(pool._processes.values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join()
 
 
 class RayTasks:

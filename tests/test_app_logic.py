@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import random
 import subprocess
 import sys
@@ -226,6 +227,24 @@ def test_run_sweep_in_worker_processes_and_its_errors() -> None:
     too_small = point_specs(resolve(RunConfig(num_requests=5), given={"pages": 10}), ["8C"], [5.0], [0])
     with pytest.raises(ValueError, match="KV pages, a worker holds 10"):
         run_sweep(too_small)
+
+
+def test_a_stopped_sweep_ends_its_running_points_before_it_returns() -> None:
+    """Streamlit stops a replaced run by raising in its thread (here: on the first point done); the
+    points still running once held both processes for their whole time (11 s here), beside the new run."""
+
+    class Stopped(BaseException):
+        pass
+
+    def stop(done: int, total: int) -> None:
+        raise Stopped
+
+    before = set(multiprocessing.active_children())
+    specs = point_specs(resolve(RunConfig(num_requests=5)), ["8C"], [5.0], [0])
+    specs += point_specs(resolve(RunConfig(num_requests=200_000)), ["8C"], [5.0, 6.0], [0])
+    with pytest.raises(Stopped):
+        run_sweep(specs, on_done=stop)
+    assert set(multiprocessing.active_children()) - before == set()
 
 
 # --- series -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import importlib.util
 import io
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -114,3 +115,17 @@ def test_the_pool_yields_every_point_once_and_keeps_its_processes_between_calls(
     assert pool._pool is not None and set(pool._pool._processes) == processes  # type: ignore[attr-defined]
     pool.close()
     assert pool._pool is None
+
+
+def test_closing_the_pool_ends_the_points_still_running() -> None:
+    """A stopped sweep or search (Ctrl-C, SIGTERM, an explorer page rerun) loses its running points anyway:
+    they are ended, not waited for (a point can take a minute of a core)."""
+    quick = Point(RunConfig(num_requests=5, gpus=1), SimOptions(cost="analytic"))
+    slow = Point(RunConfig(num_requests=200_000, gpus=1), SimOptions(cost="analytic"))
+    pool = LocalPool(2)
+    stream = pool([quick, slow, slow])
+    assert next(stream)[0] == 0
+    processes = list(pool._pool._processes.values()) if pool._pool is not None else []  # type: ignore[attr-defined]
+    stream.close()
+    pool.close()
+    assert len(processes) == 2 and all(p.exitcode == -signal.SIGTERM for p in processes)

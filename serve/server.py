@@ -36,8 +36,9 @@ from executor.run.launcher import LiveError, LocalCluster
 from executor.run.live import LivePlan, plural, ready_facts, write_served
 from executor.run.live_collect import Collector
 from executor.run.live_options import LiveOptions
-from serve.app import APIError, AppConfig, create_app
+from serve.app import AppConfig, create_app
 from serve.backend import ClusterBackend, Limits, ServingState
+from serve.errors import APIError
 from serve.options import ServeOptions
 from serve.tokenizer import eos_mismatch, load_tokenizer
 

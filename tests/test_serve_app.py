@@ -19,8 +19,8 @@ from serve_helpers import EOS, LIMITS, MASK, TOKENIZER, FakeBackend, app_server,
 
 from executor.control.client import SangamError
 from executor.control.messages import ClusterStatus, RequestState, Submission
-from serve.app import CONTEXT_IDS, Output
 from serve.backend import ServingState
+from serve.output import CONTEXT_IDS, Output
 from serve.server import listen
 from serve.tokenizer import Message
 

@@ -25,8 +25,9 @@ from serve_helpers import LIMITS, TOKENIZER, FakeBackend, app_server
 
 from sangam.hardware import BLOCK
 from serve import app as serve_app
-from serve.app import MAX_MESSAGES, MAX_PARTS, MAX_STOP_CHARS, MAX_STOPS, Output
+from serve.checks import MAX_MESSAGES, MAX_PARTS, MAX_STOP_CHARS, MAX_STOPS
 from serve.options import ServeOptions
+from serve.output import Output
 from serve.tokenizer import Message
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

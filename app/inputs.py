@@ -37,12 +37,12 @@ class UploadedTrace:
     rows: tuple[TraceRow, ...]  # its first MAX_TRACE_ROWS, arrival times removed: the sweep draws them
     digest: str  # sha256 of the file's bytes
     had_arrivals: bool
-    cut_from: int = 0  # the lines after a CSV's header (a JSONL file's lines) where more than rows were read
+    cut: bool = False  # the file has rows past those read
 
     def text(self) -> str:
         """How the page names it: 'uploaded t.csv (500 rows)'."""
-        if self.cut_from:
-            return f"uploaded {self.name} (its first {len(self.rows):,} of {self.cut_from:,} rows)"
+        if self.cut:
+            return f"uploaded {self.name} (its first {len(self.rows):,} rows; the file has more)"
         return f"uploaded {self.name} ({len(self.rows):,} rows)"
 
 
@@ -154,11 +154,14 @@ def read_uploaded_trace(name: str, data: bytes) -> UploadedTrace:
     suffix = Path(base).suffix.lower().lstrip(".")
     if suffix not in TRACE_SUFFIXES:
         raise InputError(f"{base}: a trace file must end in .csv, .jsonl or .json")
+    if b"\n" not in data:
+        data = data.replace(b"\r", b"\n")  # a file of CR line ends, which the trace reader takes too
     header = suffix == "csv"
-    lines = data.rstrip(b"\r\n").split(b"\n", MAX_TRACE_ROWS + header)  # the rest in one piece, unparsed
-    cut_from = 0
-    if len(lines) > MAX_TRACE_ROWS + header:
-        cut_from = MAX_TRACE_ROWS + 1 + lines.pop().count(b"\n")
+    # the rest in one piece, unparsed (blank lines, which the reader skips, count here: then fewer are read)
+    lines = data.rstrip(b"\r\n").split(b"\n", MAX_TRACE_ROWS + header)
+    cut = len(lines) > MAX_TRACE_ROWS + header
+    if cut:
+        lines.pop()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / base
         path.write_bytes(b"\n".join(lines) + b"\n")
@@ -168,7 +171,7 @@ def read_uploaded_trace(name: str, data: bytes) -> UploadedTrace:
             raise InputError(str(err).replace(str(path), base)) from None
     had_arrivals = rows[0].arrival_time is not None
     stripped = tuple(dataclasses.replace(row, arrival_time=None) for row in rows)
-    return UploadedTrace(base, stripped, hashlib.sha256(data).hexdigest(), had_arrivals, cut_from)
+    return UploadedTrace(base, stripped, hashlib.sha256(data).hexdigest(), had_arrivals, cut)
 
 
 def build_setup(

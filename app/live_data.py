@@ -76,8 +76,15 @@ def _check_summary(summary: Mapping[str, Any]) -> None:
             raise InputError(f"summary.json: kv_link must be an object, got {link!r}")
         values.update({f"kv_link.{key}": link.get(key) for key in ("gb_per_s", "latency_s")})
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise InputError(f"summary.json: {key} must be a finite number, got {value!r}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def load_directory(path: str | Path) -> LiveRun:

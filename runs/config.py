@@ -109,7 +109,9 @@ class RunConfig:
         if self.arrival_clip is not None and self.arrival_cv is not None:
             raise ValueError("--arrival-clip applies to Poisson gaps only, not with --arrival-cv")
         if self.mask_len is not None and not (0 < self.mask_len <= MAX_INT and self.mask_len % 32 == 0):
-            raise ValueError(f"mask length must be a positive multiple of 32, got {self.mask_len}")
+            raise ValueError(
+                f"mask length must be a positive multiple of 32 up to {MAX_INT}, got {self.mask_len}"
+            )
         if self.pages is not None and not 0 < self.pages <= MAX_INT:
             raise ValueError(f"pages must be a positive integer up to {MAX_INT}, got {self.pages}")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:

@@ -2,7 +2,7 @@
 
 Each token's log-prob is the one the scheduler's states carry (`executor.control.messages.Logprobs`: from
 the forward that committed it, under that forward's raw logits), and its alternatives are that forward's
-likeliest tokens at its position. The tokens are those of the output's text (`serve.app.Output.ids`: up to
+likeliest tokens at its position. The tokens are those of the output's text (`serve.output.Output.ids`: up to
 max_tokens, the EOS or the token that completed a stop string); a special token, which the text never
 shows, has no entry. A token is named by its text on its own, as vLLM does (`TextTokenizer.token_text`),
 and a completion's `text_offset` adds up those texts' lengths from the first generated token.

@@ -141,7 +141,7 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """A message as sent: what Sangam cannot serve (a tool's message, null content, tool calls, an image)
-    is named by the app (`serve.app.check_messages`), not by a parse error of a union."""
+    is named by the app (`serve.checks.check_messages`), not by a parse error of a union."""
 
     model_config = STRICT
 

@@ -53,9 +53,10 @@ class LinkSpec:
     handoff_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (self.gb_per_s > 0 and self.latency_s >= 0 and self.handoff_s >= 0):
+        finite = all(map(math.isfinite, (self.gb_per_s, self.latency_s, self.handoff_s)))
+        if not (finite and self.gb_per_s > 0 and self.latency_s >= 0 and self.handoff_s >= 0):
             raise ValueError(
-                f"a KV link needs a positive bandwidth and a latency and handoff of 0 or more, got "
+                f"a KV link needs a finite positive bandwidth, latency and handoff of 0 or more, got "
                 f"{self.gb_per_s:g} GB/s, latency {self.latency_s:g} s, handoff {self.handoff_s:g} s"
             )
 

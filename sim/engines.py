@@ -22,6 +22,7 @@ from runs.args import positive_int
 from runs.options import option
 from sim.sweep import Point, code_version, run_point
 
+STOP_S = 5.0  # a stopped worker's time to end on SIGTERM before it is killed
 LOCAL_RAY = "local"  # `--ray` without an address: start a local Ray instance (or join RAY_ADDRESS's)
 
 
@@ -101,13 +102,21 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     """Shut `pool` down at once: points not started are cancelled, and those running are ended, not waited
     for (a stopped sweep loses them anyway, and one point can take a minute of a core that other work is
     waiting for: a stopped search, or an explorer page whose run a user replaced). Python 3.14 has this as
-    `ProcessPoolExecutor.terminate_workers`."""
-    processes = list(pool._processes.values())  # shutdown forgets them
+    `ProcessPoolExecutor.terminate_workers`, without the end of file below."""
+    processes = list((pool._processes or {}).values())  # shutdown forgets them; None once shut down
+    results = pool._result_queue
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
     for process in processes:
-        process.join()
+        process.join(STOP_S)
+        if process.is_alive():  # one that inherited SIGTERM ignored
+            process.kill()
+            process.join()
+    if results is not None:  # None: shut down before
+        # a worker ended part-way through sending a result leaves the pool's reader waiting for the rest on
+        # a pipe whose write end this process holds too: closing it is the end of file that frees the reader
+        results._writer.close()  # type: ignore[attr-defined]
 
 
 class RayTasks:

@@ -159,13 +159,15 @@ def test_an_uploaded_trace_is_read_up_to_the_rows_a_point_runs(monkeypatch: pyte
     monkeypatch.setattr(app.inputs, "MAX_TRACE_ROWS", 3)
     csv = b"prompt_len,output_len\r\n" + b"".join(b"%d,32\r\n" % n for n in range(1, 8))
     cut = read_uploaded_trace("t.csv", csv)
-    assert [r.prompt_len for r in cut.rows] == [1, 2, 3] and cut.cut_from == 7
-    assert cut.text() == "uploaded t.csv (its first 3 of 7 rows)"
+    assert [r.prompt_len for r in cut.rows] == [1, 2, 3] and cut.cut
+    assert cut.text() == "uploaded t.csv (its first 3 rows; the file has more)"
     jsonl = b"".join(b'{"prompt_len": %d, "output_len": 32}\n' % n for n in range(1, 5))
     assert [r.prompt_len for r in read_uploaded_trace("t.jsonl", jsonl).rows] == [1, 2, 3]
-    assert read_uploaded_trace("t.jsonl", jsonl).cut_from == 4
+    assert read_uploaded_trace("t.jsonl", jsonl).cut
+    old_mac = read_uploaded_trace("t.csv", csv.replace(b"\r\n", b"\r"))  # CR line ends are cut too
+    assert [r.prompt_len for r in old_mac.rows] == [1, 2, 3] and old_mac.cut
     whole = read_uploaded_trace("t.csv", b"prompt_len,output_len\n1,32\n2,32\n3,32\n")
-    assert whole.cut_from == 0 and whole.text() == "uploaded t.csv (3 rows)"
+    assert not whole.cut and whole.text() == "uploaded t.csv (3 rows)"
     with pytest.raises(InputError, match=r"^bad\.csv line 3: output_len"):  # errors still name the line
         read_uploaded_trace("bad.csv", b"prompt_len,output_len\n1,32\n2,x\n3,32\n4,32\n")
 
@@ -482,6 +484,7 @@ def test_a_live_requests_own_mask_buffer_is_its_rows_max_tokens(tmp_path: Path) 
         ({"kv_link": "fast"}, "summary.json: kv_link must be an object, got 'fast'"),
         ({"kv_link": {"gb_per_s": 25}}, "summary.json: kv_link.latency_s must be a finite number, got None"),
         ({"mean_e2el_ms": float("nan")}, "summary.json: mean_e2el_ms must be a finite number, got nan"),
+        ({"completed": 10**400}, "summary.json: completed must be a finite number, got 1000"),  # past a float
     ],
 )
 def test_bad_live_files_say_what_is_wrong(tmp_path: Path, change: dict[str, Any], message: str) -> None:

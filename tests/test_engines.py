@@ -7,11 +7,15 @@ from __future__ import annotations
 import importlib.util
 import io
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -19,7 +23,7 @@ import pytest
 
 from cli.main import build_parser, main
 from runs.config import RunConfig
-from sim.engines import LOCAL_RAY, EngineOptions, LocalPool, RayTasks, _checked_point, runner
+from sim.engines import LOCAL_RAY, EngineOptions, LocalPool, RayTasks, _checked_point, runner, stop_workers
 from sim.options import SimOptions
 from sim.sweep import Point, code_version
 
@@ -116,6 +120,34 @@ def test_the_pool_yields_every_point_once_and_keeps_its_processes_between_calls(
     assert pool._pool is not None and set(pool._pool._processes) == processes  # type: ignore[attr-defined]
     pool.close()
     assert pool._pool is None
+
+
+def big_result() -> bytes:
+    return bytes(256 << 20)  # 256 MiB: a while to send through the pool's pipe
+
+
+def test_a_pool_stopped_while_it_reads_a_result_is_not_wedged() -> None:
+    """A worker ended part-way through sending its result once left the pool's reader thread waiting for
+    the rest for good (this process holds the pipe's write end too): the future never finished, and the
+    interpreter could not exit (found by a review)."""
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    future = pool.submit(big_result)
+    reader = pool._executor_manager_thread
+    assert reader is not None and reader.ident is not None
+
+    def reading() -> bool:  # part-way through a result
+        stack = traceback.extract_stack(sys._current_frames()[reader.ident])  # type: ignore[index]
+        return "_recv_bytes" in [frame.name for frame in stack]
+
+    while not (reading() or future.done()):
+        time.sleep(0.0005)
+    assert not future.done(), "the result arrived before the stop: nothing was tested"
+    stop_workers(pool)
+    deadline = time.monotonic() + 60
+    while (reader.is_alive() or not future.done()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert future.done() and not reader.is_alive()
+    assert isinstance(future.exception(), BrokenProcessPool)
 
 
 def test_closing_the_pool_ends_the_points_still_running() -> None:

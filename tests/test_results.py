@@ -116,6 +116,8 @@ def test_a_servers_summary_reads_back_with_the_budgets_its_layout_leaves_null() 
     assert (back.model, back.budget, back.prefill_budget, back.theta) == ("llada-8b", 512, 2048, 8192)
     with pytest.raises(TypeError, match=r"^budget must be int, got None$"):  # a null it needs is refused
         RunConfig.from_resolved({**served, "budget": None})
+    with pytest.raises(ValueError, match=r"^mask length must be a positive multiple of 32 up to 2147483647"):
+        RunConfig.from_resolved({**served, "mask_len": 2**32})
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from serve.tokenizer import Message
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
-# serve.app.text_bound of the longest prompt: one beside the smallest response region, one block
+# serve.checks.text_bound of the longest prompt: one beside the smallest response region, one block
 TEXT_BOUND = 2 * TOKENIZER.longest_token * (LIMITS.context_len - BLOCK)
 BODY_BOUND = 6 * TEXT_BOUND + (1 << 20)
 

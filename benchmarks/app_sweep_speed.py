@@ -1,5 +1,6 @@
 """Explorer sweep speed: 3 layouts x 10 rates x 2000 requests (LLaDA-8B, ShareGPT, 8 H100s), as the app
-runs it (worker processes, no cache).
+runs it (worker processes, no cache), and what one point's result weighs in the page's cache (pickled, as
+`st.cache_data` keeps it) per 1,000 requests.
 
 Run: python -m benchmarks.app_sweep_speed [--workers N] [--requests N] [--cost profile|analytic].
 Target: < 30 s on 2 cores.
@@ -8,6 +9,7 @@ Target: < 30 s on 2 cores.
 from __future__ import annotations
 
 import argparse
+import pickle
 import time
 
 from app.sweep import COSTS, WORKERS, point_specs, resolve, run_sweep
@@ -34,6 +36,9 @@ def main() -> None:
         f"({results[0].summary['cost_model']} iteration times): {wall:.1f} s wall "
         f"({sim:.1f} s of simulation, {sim / wall:.2f}x parallel)"
     )
+    cached = max(len(pickle.dumps(r)) for r in results)
+    per_request = cached / args.requests
+    print(f"a point in the page's cache: {cached / 1e3:.0f} kB ({per_request:.0f} bytes a request)")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 from calib.points import PointKey, PointRunner, metric
 from calib.targets import Target
 from profiles.testbed import PagesEntry, ProgressEntry, Sourced, Testbed
+from runs.live_summary import run_config, served_model
 from runs.options import nonempty_path, option
 from sangam.cost import IterationKind, TimeScales
 from sangam.hardware import BLOCK
@@ -377,7 +378,7 @@ def read_blocks(dirs: Sequence[Path]) -> dict[tuple[str, str], list[int]]:
         summary, blocks = directory / "summary.json", directory / "blocks.csv"
         if not summary.is_file() or not blocks.is_file():
             raise ValueError(f"{directory}: not a run directory (needs summary.json and blocks.csv)")
-        config = json.loads(summary.read_text()).get("config", {})
+        config = run_config(directory)  # what served it is named in the testbed (`served_by`)
         model, trace = config.get("model"), config.get("trace")
         if config.get("unmask") != "threshold":
             raise ValueError(
@@ -469,6 +470,6 @@ def profiled_testbed(base: Testbed, name: str, directory: Path, data: Path) -> T
 
 def served_by(directory: Path) -> str:
     """What served a live run: model, weights and threshold, from its summary.json."""
-    config = json.loads((directory / "summary.json").read_text()).get("config", {})
-    model = config.get("live_model") or config.get("model")
-    return f"{model}, {config.get('weights', '?')} weights, threshold {config.get('threshold', '?')}"
+    config = run_config(directory)
+    weights, threshold = config.get("weights", "?"), config.get("threshold", "?")
+    return f"{served_model(config)}, {weights} weights, threshold {threshold}"

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from profiles.testbeds import choose_testbed
 from runs.config import RunConfig, RunFiles, synthetic_rows
+from runs.live_summary import check_measured, run_config
 from runs.options import nonempty_path, option
 from sim.points import run_points
 from sim.run import SimResult
@@ -132,8 +133,8 @@ def run_validate(
                 "summary.json missing); give --qps with the rates it holds"
             )
         live = read_summary(live_dir)
-        check_same_run(live_dir, live.get("config", {}), cfg)
-        config = live.get("config", {})
+        config = live["config"]
+        check_same_run(live_dir, config, cfg)
         out = options.out / f"sim-qps{qps:g}"
         sim = simulated(setup, qps, live_pages(config), out, config.get("kv_cache_dtype")).summary
         points.append({"load": label, "qps": qps, "live": live, "sim": sim, "error_pct": compare(live, sim)})
@@ -181,6 +182,8 @@ def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None
 
 
 def read_summary(directory: Path) -> dict[str, Any]:
+    """A live run's summary.json, of a run that served its model on GPUs; ValueError (one line) else."""
+    check_measured(run_config(directory), f"{directory}/summary.json")  # a dict with a config, then
     summary: dict[str, Any] = json.loads((directory / "summary.json").read_text())
     return summary
 

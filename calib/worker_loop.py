@@ -26,6 +26,7 @@ from profiles.shapes import Shape
 from profiles.store import paths
 from profiles.testbed import LoopEntry, Sourced, Testbed
 from runs.build import shown
+from runs.live_summary import check_measured, run_config
 from sangam.hardware import MODELS
 
 MIN_ITERATIONS = 100  # fewer straight-on iterations say little about a loop that takes a tenth of a ms
@@ -154,10 +155,7 @@ def _merged_logs(meta: Path) -> bool:
 
 
 def _run_gpu(directory: Path) -> str:
-    """The GPU a live run's summary.json names; ValueError (one line) without one."""
-    try:
-        return str(json.loads((directory / "summary.json").read_text())["config"]["gpu"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(
-            f"--loop {directory}: not a live run directory (no summary.json naming its GPU)"
-        ) from None
+    """The GPU a live run of a modelled model on GPUs ran on; ValueError (one line) for any other run."""
+    config = run_config(directory)
+    check_measured(config, f"--loop {directory}")
+    return str(config.get("gpu"))

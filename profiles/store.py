@@ -23,6 +23,7 @@ from typing import Any
 from profiles.analytic import AnalyticCostModel
 from profiles.measured import Coefficients, Features, GraphTimes, MeasuredCostModel, shape_seconds
 from profiles.shapes import Shape
+from runs.live_summary import check_measured, run_config
 from sangam.cost import CostModel
 from sangam.hardware import lookup_gpu, lookup_model
 
@@ -246,7 +247,8 @@ def _check_log_run(log: Path, model: str, gpu: str, quantization: str | None, kv
             return
         shown = "no summary.json beside it shows that its run had this profile's weights and KV"
         raise ValueError(f"{log}: {shown}")
-    config = json.loads(summary.read_text()).get("config", {})
+    config = run_config(log.parent)
+    check_measured(config, str(log))
     ran = (
         config.get("model", model),
         config.get("gpu", gpu),

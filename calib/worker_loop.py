@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -54,9 +55,11 @@ def loop_samples(dirs: Sequence[Path]) -> list[tuple[int, float]]:
                 cycle = float(row["cycle_s"] or 0.0)
                 if cycle > 0 and row["items"]:
                     shape = Shape.parse(row["items"])
-                    between = cycle - (float(row["end"]) - float(row["start"]))
-                    samples.append((len(shape.prefills) + len(shape.decodes), between))
-            except (KeyError, ValueError) as err:
+                    start, end = float(row["start"]), float(row["end"])
+                    if not all(map(math.isfinite, (cycle, start, end))) or end < start:
+                        raise ValueError(f"a step from {start:g} to {end:g} s in a cycle of {cycle:g} s")
+                    samples.append((len(shape.prefills) + len(shape.decodes), cycle - (end - start)))
+            except (KeyError, TypeError, ValueError) as err:  # TypeError: a short row's missing field is None
                 raise ValueError(f"{log}, line {line}: not an iteration log row ({err})") from None
     return samples
 

@@ -77,10 +77,10 @@ def beta_binomial(mean: float, std: float) -> ProgressModel:
     if not 1.0 < mean < BLOCK:
         raise ValueError(f"mean forwards per block must lie strictly between 1 and {BLOCK}, got {mean}")
     p = (mean - 1) / n
-    ratio = std**2 / (n * p * (1 - p))  # variance over the binomial's
     lo, hi = math.sqrt(n * p * (1 - p)), math.sqrt(n * n * p * (1 - p))
-    if not 1.0 < ratio < n:
+    if not lo < std < hi:  # the variance over the binomial's in (1, n), checked before it is squared
         raise ValueError(f"spread {std} out of range for mean {mean}: choose between {lo:.2f} and {hi:.2f}")
+    ratio = std**2 / (n * p * (1 - p))
     total = (n - ratio) / (ratio - 1)
     a, b = p * total, (1 - p) * total
     log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
@@ -115,15 +115,24 @@ def counts_spec(samples: Sequence[int]) -> str:
     return "counts:" + ",".join(f"{d}={n}" for d, n in counts.items())
 
 
+MAX_COUNT = 2**53  # blocks counted at one forwards count: exact as a float weight
+
+
 def _from_counts(text: str) -> ProgressModel:
     pairs = [item.partition("=") for item in text.split(",") if item]
     if not pairs or any(not sep for _, sep, _ in pairs):
         raise ValueError("counts need D=N pairs")
-    counts = {_whole(d): _whole(n) for d, _, n in pairs}
-    if any(n < 0 for n in counts.values()) or not sum(counts.values()):
-        raise ValueError("counts must be non-negative with a positive total")
-    samples = [d for d, n in counts.items() for _ in range(n)]
-    return empirical(samples)
+    counts: dict[int, int] = {}
+    for steps_text, _, count_text in pairs:
+        if (steps := _whole(steps_text)) in counts:
+            raise ValueError(f"forwards {steps} counted twice")
+        counts[steps] = _whole(count_text)
+    if any(not 0 <= n <= MAX_COUNT for n in counts.values()) or not sum(counts.values()):
+        raise ValueError(f"counts must lie in [0, {MAX_COUNT}] with a positive total")
+    seen = {d: n for d, n in sorted(counts.items()) if n}  # as `empirical` of the samples they count
+    for steps in seen:
+        _check_steps(steps)
+    return _from_weights(f"empirical:{sum(seen.values())}", list(seen), [float(n) for n in seen.values()])
 
 
 def default_progress(model: str, trace: str) -> ProgressModel:

@@ -16,6 +16,7 @@ from sangam.hardware import BLOCK
 
 MASK_LEN = {"sharegpt": 1024, "arxiv": 512}  # mask buffer M per dataset, a multiple of BLOCK
 MAX_TOKENS = 4096  # the paper's filter: prompt_len + output_len <= MAX_TOKENS
+MIN_ARRIVAL_CV = 1e-3  # gaps all but equal; 1e-300 squared to 0 and divided by it
 MAX_ARRIVAL_CV = 100.0  # gamma gaps of a larger CV put nearly every arrival at once (shape 1/CV^2 -> 0)
 
 
@@ -165,9 +166,9 @@ def _check_rate(qps: float, cv: float | None) -> None:
 
 
 def check_arrival_cv(cv: float | None) -> None:
-    """None (Poisson) or a gamma CV in (0, MAX_ARRIVAL_CV]; ValueError otherwise."""
-    if cv is not None and not 0 < cv <= MAX_ARRIVAL_CV:
-        raise ValueError(f"arrival CV must be in (0, {MAX_ARRIVAL_CV:g}], got {cv}")
+    """None (Poisson) or a gamma CV in [MIN_ARRIVAL_CV, MAX_ARRIVAL_CV]; ValueError otherwise."""
+    if cv is not None and not MIN_ARRIVAL_CV <= cv <= MAX_ARRIVAL_CV:
+        raise ValueError(f"arrival CV must be in [{MIN_ARRIVAL_CV:g}, {MAX_ARRIVAL_CV:g}], got {cv}")
 
 
 def check_arrival_clip(clip: float | None) -> None:

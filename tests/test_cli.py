@@ -240,7 +240,15 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--pages", "10"], "KV pages"),
         (["--link", "no-such-link"], "no link profile"),
         (["--link-latency-ms", "-1"], ">= 0"),
-        (["--arrival-cv", "1e200"], "arrival CV must be in (0, 100]"),  # the gamma shape 1/CV^2 would be 0
+        (
+            ["--arrival-cv", "1e200"],
+            "arrival CV must be in [0.001, 100]",
+        ),  # the gamma shape 1/CV^2 would be 0
+        (["--arrival-cv", "1e-300"], "arrival CV must be in [0.001, 100]"),  # CV^2 is 0: a ZeroDivisionError
+        (
+            ["--progress", "betabinom:10:1e308"],
+            "spread 1e+308 out of range",
+        ),  # once squared: an OverflowError
         (["--qps", ""], "expected a positive number, got ''"),  # was an IndexError
         (["--qps", "6,,7"], "expected a positive number, got ''"),  # was taken as 6,7
         (["--qps", "1", "1.0000001"], "lists 1 twice (1.0 and 1.0000001 both show as 1)"),  # one qps-1/

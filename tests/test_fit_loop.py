@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -90,6 +91,10 @@ def test_too_few_iterations_and_a_run_without_a_log_are_one_line(tmp_path: Path)
     write_run(tmp_path, [(0.0, 0.005, "d:32:x", 0.006)])
     with pytest.raises(ValueError, match=r"iterations.csv, line 2: not an iteration log row"):
         loop_samples([tmp_path])
+    for start, end, cycle in [(0.0, 0.005, math.inf), (math.nan, 0.005, 0.006), (0.0, -5.0, 0.006)]:
+        write_run(tmp_path, [(start, end, "d:32:40", cycle)])  # an Infinity loop was once fitted and written
+        with pytest.raises(ValueError, match=r"line 2: not an iteration log row \(a step from "):
+            loop_samples([tmp_path])
     (tmp_path / "iterations.csv").write_bytes(b"\xff\xfe start,end")
     with pytest.raises(ValueError, match=r"iterations.csv: not UTF-8 text$"):
         loop_samples([tmp_path])

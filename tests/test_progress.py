@@ -101,6 +101,16 @@ def test_a_value_that_is_not_a_number_of_its_kind_is_named(spec: str, reason: st
         parse_progress(spec)
 
 
+def test_counts_are_weights_not_samples() -> None:
+    """A count of 10^8 was once a list of 10^8 samples (7 s, 812 MB); 10^23 never finished."""
+    assert parse_progress("counts:3=5,1=2,7=0,5=1") == empirical([3] * 5 + [1] * 2 + [5])
+    assert parse_progress("counts:1=1000000000000,4=1").mean == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"counts must lie in \[0, 9007199254740992\]"):
+        parse_progress("counts:1=99999999999999999999999")
+    with pytest.raises(ValueError, match="forwards 1 counted twice"):
+        parse_progress("counts:1=2,1=3")
+
+
 def test_default_exists_for_every_model_and_trace() -> None:
     for model, trace in DEFAULT_PROGRESS:
         assert 1 < default_progress(model, trace).mean < 32

@@ -150,6 +150,14 @@ class Testbed:
         return self.handoff_ms.value / 1e3 if self.handoff_ms is not None else 0.0
 
 
+KEYS = (  # of a testbed's file, as `testbed_dict` writes them
+    "format", "name", "version", "description", "gpu", "profile", "kv_pages", "progress", "link",
+    "control_ms", "arrival", "time_scales", "loop", "handoff_ms", "fit",
+)  # fmt: skip
+MAX_NUMBER = 1e9  # milliseconds, scales, GB/s: past this one is a typo (and 1e308 overflowed as a time)
+MIN_GB_PER_S = 1e-3  # a slower link's transfer time overflowed
+
+
 def _text(data: Mapping[str, Any], key: str, where: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value:
@@ -159,8 +167,8 @@ def _text(data: Mapping[str, Any], key: str, where: str) -> str:
 
 def _number(data: Mapping[str, Any], key: str, where: str) -> float:
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where}: '{key}' must be a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_NUMBER:
+        raise ValueError(f"{where}: '{key}' must be a number of at most {MAX_NUMBER:g}, got {value!r}")
     return float(value)
 
 
@@ -177,8 +185,8 @@ def _link(data: Any, where: str) -> LinkEntry:
     if "profile" in data:
         return LinkEntry(source, profile=_text(data, "profile", where))
     gbps, latency = _number(data, "gb_per_s", where), _number(data, "latency_ms", where)
-    if not gbps > 0 or latency < 0:
-        raise ValueError(f"{where}: needs gb_per_s > 0 and latency_ms >= 0")
+    if not gbps >= MIN_GB_PER_S or latency < 0:
+        raise ValueError(f"{where}: needs gb_per_s >= {MIN_GB_PER_S:g} and latency_ms >= 0")
     return LinkEntry(source, gb_per_s=gbps, latency_ms=latency)
 
 
@@ -248,6 +256,9 @@ def parse_testbed(data: Any, name: str) -> Testbed:
     if not isinstance(data, Mapping):
         raise ValueError(f"testbed {name}: not a JSON object")
     where = f"testbed {name}"
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:  # a misspelt key would drop what it holds without a word
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
     if data.get("format") != FORMAT:
         raise ValueError(f"{where}: 'format' must be {FORMAT}")
     if data.get("name") != name:

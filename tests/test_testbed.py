@@ -251,7 +251,7 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
     assert looped.loop_costs() == LoopCosts(0.032, item_s=0.0005, token_s=1e-7) and looped.handoff_s == 0.04
     for cap, error in (
         (3.0, None), (0.0, "whole number of items, at least 1"), (2.5, "whole number"),
-        (math.inf, "whole number"), (math.nan, "whole number"),
+        (math.inf, "a number of at most 1e"), (math.nan, "a number of at most 1e"),
     ):  # fmt: skip
         raw["loop"]["other_items_cap"] = {"value": cap, "source": "a test"}
         if error is None:
@@ -261,6 +261,20 @@ def test_a_testbeds_loop_prices_every_iteration_and_its_handoff_every_transfer(t
             with pytest.raises(ValueError, match=error):
                 parse_testbed(raw, "looped")
     del raw["loop"]["other_items_cap"]
+    for key, value, error in (
+        (
+            "control_ms",
+            {"value": 1e308, "source": "a test"},
+            "must be a number of at most 1e\\+09, got 1e\\+308",
+        ),
+        (
+            "time_scale",
+            {},
+            "unknown key 'time_scale' \\(known: format, name,",
+        ),  # a typo once dropped the scales
+    ):  # 1e308 ms once overflowed as a time
+        with pytest.raises(ValueError, match=error):
+            parse_testbed({**raw, key: value}, "looped")
     assert load_testbed("sangam-h100").loop_costs().none and load_testbed("sangam-h100").handoff_s == 0.0
 
     def run(name: str, *args: str) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:

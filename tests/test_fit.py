@@ -275,6 +275,14 @@ def test_fit_blocks_measures_forwards_from_a_live_threshold_run(tmp_path: Path) 
     model = parse_progress(testbed.progress_spec("llada-8b", "sharegpt"))
     assert model.mean == pytest.approx(sum(forwards) / len(forwards)) and len(forwards) == 3
     assert "tiny-llada, random weights, threshold 0.9" in testbed.progress[("llada-8b", "sharegpt")].source
+    rows = (run / "blocks.csv").read_text().splitlines()
+    for bad in ("0", "33", "2.5"):  # a testbed of counts:0=1 was once written, which no run could load
+        header = rows[0].split(",")
+        cells = rows[1].split(",")
+        cells[header.index("forwards")] = bad
+        (run / "blocks.csv").write_text("\n".join([rows[0], ",".join(cells), *rows[2:]]) + "\n")
+        assert main(["fit", "--blocks", str(run), "--out", str(tmp_path / "bad.json")]) == 2
+        assert not (tmp_path / "bad.json").exists()
     summary = json.loads((run / "summary.json").read_text())
     summary["config"]["unmask"] = "schedule"
     (run / "summary.json").write_text(json.dumps(summary))

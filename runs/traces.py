@@ -70,9 +70,22 @@ def read_trace(path: Path | str) -> list[TraceRow]:
 
 
 def write_trace(path: Path | str, rows: Sequence[TraceRow]) -> None:
-    """Write `rows` as CSV: arrival_time (empty when unknown), prompt_len, output_len, and steps and
+    """Write `rows` as `read_trace` reads them back: JSON lines for a .jsonl/.json path (keys left out where
+    unknown), else CSV: arrival_time (empty when unknown), prompt_len, output_len, and steps and
     max_tokens if any row has them."""
     path = Path(path)
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        with path.open("w", encoding="utf-8") as f:
+            for r in rows:
+                fields = {
+                    "arrival_time": r.arrival_time,
+                    "prompt_len": r.prompt_len,
+                    "output_len": r.output_len,
+                    "steps": list(r.steps) if r.steps is not None else None,
+                    "max_tokens": r.max_tokens,
+                }
+                f.write(json.dumps({k: v for k, v in fields.items() if v is not None}) + "\n")
+        return
     with_steps = any(r.steps is not None for r in rows)
     with_max = any(r.max_tokens is not None for r in rows)
     header = ["arrival_time", "prompt_len", "output_len"] + (["steps"] if with_steps else [])

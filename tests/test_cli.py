@@ -15,6 +15,7 @@ from test_sim import check_algorithm1
 
 from cli.main import main
 from runs.results import ITERATION_COLUMNS
+from runs.traces import read_trace
 from sangam.hardware import lookup_model
 from sim.links import LINKS_DIR
 
@@ -220,6 +221,11 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
     with path.open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["arrival_time", "prompt_len", "output_len"] and len(rows) == 300
+    jsonl = tmp_path / "trace.jsonl"  # once CSV under a .jsonl name, which sim --trace could not read
+    assert main(["trace", "--trace", "arxiv", "-n", "300", "-o", str(jsonl)]) == 0
+    assert (
+        read_trace(jsonl) == read_trace(path) and json.loads(jsonl.read_text().splitlines()[0])["prompt_len"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -240,15 +246,9 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--pages", "10"], "KV pages"),
         (["--link", "no-such-link"], "no link profile"),
         (["--link-latency-ms", "-1"], ">= 0"),
-        (
-            ["--arrival-cv", "1e200"],
-            "arrival CV must be in [0.001, 100]",
-        ),  # the gamma shape 1/CV^2 would be 0
+        (["--arrival-cv", "1e200"], "arrival CV must be in [0.001, 100]"),  # gamma shape 1/CV^2: 0
         (["--arrival-cv", "1e-300"], "arrival CV must be in [0.001, 100]"),  # CV^2 is 0: a ZeroDivisionError
-        (
-            ["--progress", "betabinom:10:1e308"],
-            "spread 1e+308 out of range",
-        ),  # once squared: an OverflowError
+        (["--progress", "betabinom:10:1e308"], "spread 1e+308 out of range"),  # squared: OverflowError
         (["--qps", ""], "expected a positive number, got ''"),  # was an IndexError
         (["--qps", "6,,7"], "expected a positive number, got ''"),  # was taken as 6,7
         (["--qps", "1", "1.0000001"], "lists 1 twice (1.0 and 1.0000001 both show as 1)"),  # one qps-1/

@@ -1,23 +1,36 @@
 """Observed load-curve points that `sangam fit` fits a testbed to, read from a CSV file.
 
 Columns: layout, policy, model, trace, budget, qps, metric, value, weight, and optionally quote (the
-sentence a published point comes from). `metric` is a summary statistic (`mean_e2el_s`, `p99_e2el_ms`,
-see `calib.points.metric`); `weight` its share of the objective.
+sentence a published point comes from). `metric` is a summary's latency statistic (`mean_e2el_s`,
+`p99_e2el_ms`, see `calib.points.metric`) or rate (`request_throughput`); `weight` its share of the
+objective.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from calib.points import PointKey
+from runs.results import METRICS
 from sangam.budget import Policy
 from sangam.hardware import lookup_model
 from sangam.layout import parse_mode
 from sangam.workload import MASK_LEN
 
 COLUMNS = ("layout", "policy", "model", "trace", "budget", "qps", "metric", "value", "weight")
+# what a target may fit (`calib.points.metric`): the summary's latency statistics, in ms or s, and its rates
+METRIC_NAMES = frozenset(
+    [
+        f"{stat}_{name}_{unit}"
+        for stat in ("mean", "median", "p90", "p99", "std")
+        for name in METRICS
+        for unit in ("ms", "s")
+    ]
+    + ["request_throughput", "output_throughput", "total_token_throughput", "overflow_rate"]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +53,9 @@ class Target:
 
 def parse_target(row: dict[str, str]) -> Target:
     """One row of a targets file; ValueError on a bad field."""
+    missing = [c for c in COLUMNS if row.get(c) is None]
+    if missing:
+        raise ValueError(f"the row has no {missing[0]} (a short row)")
     policy = Policy(row["policy"].strip())
     model, trace = row["model"].strip(), row["trace"].strip()
     lookup_model(model)
@@ -53,10 +69,13 @@ def parse_target(row: dict[str, str]) -> Target:
         float(row["value"]),
         float(row["weight"]),
     )
-    if budget <= 0 or not qps > 0 or not value > 0 or not weight > 0:
-        raise ValueError("budget, qps, value and weight must be positive")
+    if budget <= 0 or not all(0 < x < math.inf for x in (qps, value, weight)):
+        raise ValueError("budget, qps, value and weight must be positive and finite")
+    name = row["metric"].strip()
+    if name not in METRIC_NAMES:
+        raise ValueError(f"metric must be a latency statistic (e.g. p99_e2el_s) or a rate, got {name!r}")
     key = PointKey(layout, policy.value, model, trace, budget, qps)
-    return Target(key, row["metric"].strip(), value, weight, (row.get("quote") or "").strip())
+    return Target(key, name, value, weight, (row.get("quote") or "").strip())
 
 
 def read_targets(path: Path) -> list[Target]:

@@ -247,6 +247,17 @@ def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     )
     assert main(["fit", "--targets", str(path)]) == 2
     assert "t.csv, line 2: trace must be one of" in capsys.readouterr().err
+    head = "layout,policy,model,trace,budget,qps,metric,value,weight\n1C,deficit,llada-8b,sharegpt,1024,1,"
+    for row, message in [  # a weight of inf fitted an objective of nan and wrote the testbed
+        ("mean_e2el_s,2,inf", "budget, qps, value and weight must be positive and finite"),
+        ("mean_e2el_s,inf,1", "budget, qps, value and weight must be positive and finite"),  # math domain
+        ("config,2,1", "metric must be a latency statistic (e.g. p99_e2el_s) or a rate, got 'config'"),
+        ("mean_e2el_s,2", "the row has no weight (a short row)"),  # was float()'s NoneType message
+    ]:
+        path.write_text(head + row + "\n")
+        assert main(["fit", "--targets", str(path), "--out", str(tmp_path / "x.json")]) == 2
+        assert f"t.csv, line 2: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
     assert main(["fit"]) == 2
     assert "--blocks DIR..., --loop DIR... or --profile DIR" in capsys.readouterr().err
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,9 +183,17 @@ def check_same_run(live_dir: Path, live: dict[str, Any], cfg: RunConfig) -> None
 
 
 def read_summary(directory: Path) -> dict[str, Any]:
-    """A live run's summary.json, of a run that served its model on GPUs; ValueError (one line) else."""
-    check_measured(run_config(directory), f"{directory}/summary.json")  # a dict with a config, then
+    """A live run's summary.json, of a whole run that served its model on GPUs, whose compared metrics
+    are numbers; ValueError (one line) else."""
+    where = f"{directory}/summary.json"
+    check_measured(run_config(directory), where)  # a dict with a config, then
     summary: dict[str, Any] = json.loads((directory / "summary.json").read_text())
+    if summary.get("partial") or not summary.get("completed"):
+        raise ValueError(f"{where}: a run that stopped early or completed nothing: nothing to validate")
+    for key in (key for key in COMPARED if key in summary):  # runs of older code lack some
+        value = summary[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise ValueError(f"{where}: {key} must be a number of 0 or more, got {value!r}")
     return summary
 
 

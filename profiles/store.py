@@ -223,7 +223,10 @@ def merge_log(
             raise ValueError(f"{log}: already in the {model} profile's data in {directory}")
         seen.add(digest)
         _check_log_run(log, model, gpu, quantization, kv_cache_dtype)
-        merged.append((log, digest, read_samples(log)))
+        samples = read_samples(log)
+        if not samples:  # would only refit the profile as it was, for a minute
+            raise ValueError(f"{log}: no iterations to merge")
+        merged.append((log, digest, samples))
     with data.open("a", newline="") as f:
         if text and not text.endswith(b"\n"):
             f.write("\r\n")  # a hand-edited file without its last line end

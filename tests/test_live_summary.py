@@ -66,3 +66,26 @@ def test_fit_loop_and_profile_from_log_refuse_a_tiny_models_cpu_run(
     assert main(["profile", "--model", "llada-8b", "--gpu", "h200", "--from-log", str(log), *out]) == 2
     assert "its run served tiny-llada, not llada-8b" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"partial": True}, "a run that stopped early or completed nothing"),
+        ({"completed": 0}, "a run that stopped early or completed nothing"),
+        ({"mean_e2el_ms": -5.0}, "mean_e2el_ms must be a number of 0 or more, got -5.0"),
+        ({"p99_e2el_ms": "slow"}, "p99_e2el_ms must be a number of 0 or more, got 'slow'"),
+    ],
+)
+def test_validate_refuses_a_live_summary_it_cannot_compare(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    """Such a row once left the report without a word (NaN, negative, missing) or was a TypeError."""
+    from calib.validate import read_summary
+
+    summary = {"config": GPU_RUN, "completed": 10, "mean_e2el_ms": 900.0, "p99_e2el_ms": 2000.0}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert read_summary(tmp_path)["completed"] == 10
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, **change}))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_summary(tmp_path)

@@ -95,3 +95,17 @@ def test_a_refused_log_leaves_no_folder_behind(tmp_path: Path, capsys: pytest.Ca
     assert main(["profile", "--out", str(root), "--from-log", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv: No such file or directory" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_of_no_iterations_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A header alone once copied the shipped profile and refitted it, unchanged, for a minute."""
+    log = tmp_path / "run" / "iterations.csv"
+    log.parent.mkdir()
+    log.write_text("worker,start,end,gpu_s,items,cycle_s\n")
+    root = tmp_path / "out"
+    assert (
+        main(["profile", "--model", "dream-7b", "--gpu", "h200", "--out", str(root), "--from-log", str(log)])
+        == 2
+    )
+    assert "iterations.csv: no iterations to merge" in capsys.readouterr().err
+    assert not root.exists()

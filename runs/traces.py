@@ -25,6 +25,7 @@ OPTIONAL = ("arrival_time", "steps", "max_tokens")
 COLUMNS = ("arrival_time", "prompt_len", "output_len", "steps", "max_tokens")
 CSV_SUFFIXES = (".csv",)
 JSONL_SUFFIXES = (".jsonl", ".json")
+MAX_ARRIVAL_S = 1e9  # 31 years: a later arrival time is a unit or a typo
 
 
 class TraceError(ValueError):
@@ -254,8 +255,8 @@ def _arrival(value: Any, text: bool) -> float | None:
         t = float(value)
     if t is None or not math.isfinite(t):
         raise ValueError(f"arrival_time must be a number of seconds, got {value!r}")
-    if t < 0:
-        raise ValueError(f"arrival_time must be non-negative, got {value!r}")
+    if not 0 <= t <= MAX_ARRIVAL_S:  # 1e300 s once made every rate infinite, and summary.json not JSON
+        raise ValueError(f"arrival_time must be in [0, {MAX_ARRIVAL_S:g}] seconds, got {value!r}")
     return t
 
 

@@ -425,9 +425,7 @@ def profiled_testbed(base: Testbed, name: str, directory: Path, data: Path) -> T
     `data`, the shipped profile root, when inside it; else by its absolute path), unscaled, with its KV
     pages: every model measured there, its pages and their dtype as its worker registered them
     (`<model>.meta.json`); ValueError (one line) without data or for another GPU."""
-    metas = {
-        m.name.removesuffix(".meta.json"): json.loads(m.read_text()) for m in directory.glob("*.meta.json")
-    }
+    metas = {m.name.removesuffix(".meta.json"): _profile_meta(m) for m in directory.glob("*.meta.json")}
     measured = {
         model: meta for model, meta in sorted(metas.items()) if (directory / f"{model}.csv").is_file()
     }
@@ -474,6 +472,18 @@ def profiled_testbed(base: Testbed, name: str, directory: Path, data: Path) -> T
         ),
         time_scales={}, fit=None,
     )  # fmt: skip
+
+
+def _profile_meta(path: Path) -> dict[str, Any]:
+    """A profile's metadata, with the KV pages its worker held; ValueError (one line, naming it) else."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not a profile's metadata ({err})") from None
+    pages = meta.get("kv_pages") if isinstance(meta, dict) else None
+    if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
+        raise ValueError(f"{path}: kv_pages must be a positive whole number, got {pages!r}")
+    return meta
 
 
 def served_by(directory: Path) -> str:

@@ -147,6 +147,20 @@ def test_a_profile_refitted_from_live_logs_is_not_charged_the_loop_again(
     copy = tmp_path / "copy"
     shutil.copytree(DATA / "h200-fp8-kvfp8", copy)
     base = profiled(tmp_path, copy, "copied")
+    meta = json.loads((copy / "llada-8b.meta.json").read_text())
+    for pages in (-5, 1.5, "abc"):  # a testbed of them was once written, which no run could load
+        (copy / "llada-8b.meta.json").write_text(json.dumps({**meta, "kv_pages": pages}))
+        assert (
+            main(
+                ["fit", "--profile", str(copy), "--testbed", "sangam-h200", "--out", str(tmp_path / "y.json")]
+            )
+            == 2
+        )
+        assert (
+            f"llada-8b.meta.json: kv_pages must be a positive whole number, got {pages!r}"
+            in capsys.readouterr().err
+        )
+    (copy / "llada-8b.meta.json").write_text(json.dumps(meta))
     (copy / "dream-7b.meta.json").write_text("[1, 2")  # edited since
     assert main(["fit", "--loop", str(run), "--testbed", str(base), "--out", str(tmp_path / "x.json")]) == 2
     assert "dream-7b.meta.json: not a profile's metadata (JSON)" in capsys.readouterr().err

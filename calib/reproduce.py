@@ -170,10 +170,12 @@ def figure_list(text: str) -> list[str]:
     """`fig8,fig9` or `8,9`: figures of `FIGURES` (an empty name, as in `8,,9` or ``, is refused)."""
     if not all(text.split(",")):
         raise argparse.ArgumentTypeError(f"an empty figure name in {text!r}")
-    names = [name if name.startswith("fig") else f"fig{name}" for name in text.split(",")]
-    for name in names:
+    names = []
+    for given in text.split(","):
+        name = given.lower() if given.lower().startswith("fig") else f"fig{given}"  # FIG8 too
         if name not in FIGURES:
-            raise argparse.ArgumentTypeError(f"no figure {name!r} (known: {', '.join(FIGURES)})")
+            raise argparse.ArgumentTypeError(f"no figure {given!r} (known: {', '.join(FIGURES)})")
+        names.append(name)
     return names
 
 

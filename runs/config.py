@@ -292,6 +292,8 @@ def load_progress(spec: str | None) -> ProgressModel | None:
     from sangam.progress import empirical, parse_progress
 
     kind, _, path = spec.partition(":")
+    if kind == "empirical" and not path:
+        raise ValueError("empirical progress needs a file: empirical:FILE")
     return empirical(read_steps(Path(path))) if kind == "empirical" else parse_progress(spec)
 
 

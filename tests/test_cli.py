@@ -247,7 +247,8 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--link", "no-such-link"], "no link profile"),
         (["--link-latency-ms", "-1"], ">= 0"),
         (["--arrival-cv", "1e200"], "arrival CV must be in [0.001, 100]"),  # gamma shape 1/CV^2: 0
-        (["--arrival-cv", "1e-300"], "arrival CV must be in [0.001, 100]"),  # CV^2 is 0: a ZeroDivisionError
+        (["--arrival-cv", "1e-300"], "arrival CV must be in [0.001, 100]"),  # CV^2 is 0: ZeroDivisionError
+        (["--progress", "empirical:"], "empirical progress needs a file: empirical:FILE"),  # '.': a folder
         (["--progress", "betabinom:10:1e308"], "spread 1e+308 out of range"),  # squared: OverflowError
         (["--qps", ""], "expected a positive number, got ''"),  # was an IndexError
         (["--qps", "6,,7"], "expected a positive number, got ''"),  # was taken as 6,7

@@ -67,7 +67,12 @@ def test_reproduce_one_figure_writes_its_plot_and_claims_as_sangam_sim_gives_the
 
 def test_an_unknown_figure_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "--figures", "7"]) == 2
-    assert "no figure 'fig7' (known: fig5, fig8" in capsys.readouterr().err
+    assert "no figure '7' (known: fig5, fig8" in capsys.readouterr().err
+    assert main(["reproduce", "--figures", "FIG7"]) == 2  # was named 'figFIG7'
+    assert "no figure 'FIG7' (known: fig5, fig8" in capsys.readouterr().err
+    from calib.reproduce import figure_list
+
+    assert figure_list("FIG8,9") == ["fig8", "fig9"]
 
 
 def test_the_readmes_fidelity_table_is_the_shipped_claims() -> None:

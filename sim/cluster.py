@@ -42,6 +42,8 @@ from sangam.request import Request
 from sangam.restarts import Restarts
 from sangam.router import Action, Dispatch, Drop, Fail, Recovery, Router, Transfer
 
+MIN_GB_PER_S = 1e-3  # as a testbed's link (profiles.testbed)
+
 
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
@@ -54,9 +56,10 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         finite = all(map(math.isfinite, (self.gb_per_s, self.latency_s, self.handoff_s)))
-        if not (finite and self.gb_per_s > 0 and self.latency_s >= 0 and self.handoff_s >= 0):
+        if not (finite and self.gb_per_s >= MIN_GB_PER_S and self.latency_s >= 0 and self.handoff_s >= 0):
             raise ValueError(
-                f"a KV link needs a finite positive bandwidth, latency and handoff of 0 or more, got "
+                f"a KV link needs a finite bandwidth of {MIN_GB_PER_S:g} GB/s or more (slower overflowed a "
+                f"transfer's time), latency and handoff of 0 or more, got "
                 f"{self.gb_per_s:g} GB/s, latency {self.latency_s:g} s, handoff {self.handoff_s:g} s"
             )
 

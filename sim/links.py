@@ -33,13 +33,19 @@ def load_link(name_or_file: str, root: Path = LINKS_DIR) -> LinkSpec:
     """The link model of a measured profile (a name under `root`, or a JSON file)."""
     path = link_path(name_or_file, root)
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         known = ", ".join(known_links(root)) or "none"
         raise ValueError(f"no link profile {name_or_file!r} (known: {known})") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read the link profile {path}: {err}") from None
+    numbers = []
+    for key in ("gb_per_s", "latency_s"):
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float) or abs(value) > 1e300:
+            raise ValueError(f"{path}: a link profile needs a number {key}, got {value!r}")  # true was 1
+        numbers.append(float(value))
     try:
-        return LinkSpec(float(raw["gb_per_s"]), float(raw["latency_s"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: a link profile needs gb_per_s > 0 and latency_s >= 0 ({err})") from None
+        return LinkSpec(*numbers)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None

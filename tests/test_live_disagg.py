@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -185,6 +186,17 @@ def test_measured_cpu_gloo_profile_drives_the_simulated_link(tmp_path: Path) -> 
     assert load_link(str(LINKS_DIR / "cpu-gloo.json")) == link
     with pytest.raises(ValueError, match="no link profile"):
         load_link("no-such-link")
+    for bad, message in [
+        ({"gb_per_s": True, "latency_s": 0.001}, "needs a number gb_per_s, got True"),  # was taken as 1
+        ({"gb_per_s": 1e-300, "latency_s": 0.001}, "0.001 GB/s or more"),  # was an OverflowError
+        ([], "needs a number gb_per_s, got None"),
+    ]:
+        (tmp_path / "link.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=f"^{tmp_path}/link.json: .*{re.escape(message)}"):
+            load_link(str(tmp_path / "link.json"))
+    (tmp_path / "link.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=f"cannot read the link profile {tmp_path}/link.json"):
+        load_link(str(tmp_path / "link.json"))
 
     trace = write_trace(tmp_path / "t.csv", 20, qps=2.0, prompt=(100, 400), output=(33, 96), seed=3)
     cfg = RunConfig(mode="1P1C", gpus=2, trace=str(trace), num_requests=20, mask_len=128, pages=4096)

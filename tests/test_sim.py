@@ -227,10 +227,16 @@ def test_a_negative_loop_cost_or_handoff_is_refused() -> None:
         LoopCosts(token_s=-0.1)
     with pytest.raises(ValueError, match=r"0 or more, got 100 GB/s, latency 0\.001 s, handoff -0\.5 s$"):
         LinkSpec(100.0, 0.001, -0.5)
-    with pytest.raises(ValueError, match=r"a KV link needs a finite positive bandwidth, .* latency nan s"):
+    with pytest.raises(
+        ValueError, match=r"a KV link needs a finite bandwidth of 0.001 GB/s or more .* latency nan s"
+    ):
         LinkSpec(100.0, math.nan)  # NaN once passed every comparison
-    with pytest.raises(ValueError, match=r"a KV link needs a finite positive bandwidth, .* latency inf s"):
+    with pytest.raises(
+        ValueError, match=r"a KV link needs a finite bandwidth of 0.001 GB/s or more .* latency inf s"
+    ):
         LinkSpec(100.0, math.inf)  # a links file may hold Infinity
+    with pytest.raises(ValueError, match=r"0\.001 GB/s or more \(slower overflowed a transfer's time\)"):
+        LinkSpec(1e-300)
 
 
 def test_a_negative_control_delay_is_refused() -> None:

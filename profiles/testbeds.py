@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def new_testbed_file(
     whose name defaults to its stem), or a directory (default: the working directory) to hold NAME.json
     (NAME defaulting to `base` + '-fit'). A shipped testbed's name, and a file inside the installed
     package, are refused (ValueError, one line): a command never replaces what ships."""
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ValueError(f"--name {name!r}: a testbed's name is letters, digits, '.', '_' and '-'")
     file = out if out is not None and out.suffix == ".json" else None
     if out is not None and file is None and out.suffix and not out.is_dir():
         raise ValueError(f"--out {out}: give a directory or a testbed file ending in .json")

@@ -168,6 +168,8 @@ def test_fit_never_replaces_a_shipped_testbed_nor_writes_into_the_package(
         ("--out", str(TESTBEDS)): "inside the installed package",
         ("--out", str(TESTBEDS.parent.parent / "calib"), "--name", "mine"): "inside the installed package",
         ("--out", str(tmp_path / "mine.txt")): "a directory or a testbed file ending in .json",
+        ("--out", str(tmp_path), "--name", ""): "--name '': a testbed's name is letters",  # was ignored
+        ("--out", str(tmp_path), "--name", "."): "--name '.': a testbed's name is letters",  # wrote ..json
     }
     for extra, error in refused.items():
         assert main([*args, *extra]) == 2, extra

@@ -118,10 +118,12 @@ def unscaled_cost_model(
     `sim.setup.Resolver.priced` scales it."""
     profile = testbed_profile(testbed, model, data) if cost == "profile" else None
     directory = testbed.profile_dir(model)
+    # `sangam fit --profile` names a directory outside the package by its absolute path
+    shown = directory if Path(directory).is_absolute() else f"profiles/data/{directory}"
     if profile is None and cost == "profile" and (data / directory).is_dir():
-        raise ValueError(f"testbed {testbed.name}: no profile of {model} in profiles/data/{directory}")
+        raise ValueError(f"testbed {testbed.name}: no profile of {model} in {shown}")
     if profile is None and cost == "profile":
-        raise ValueError(f"testbed {testbed.name}: its profiles (profiles/data/{directory}) are missing")
+        raise ValueError(f"testbed {testbed.name}: its profiles ({shown}) are missing")
     if profile is None:
         return AnalyticCostModel(lookup_model(model), lookup_gpu(testbed.gpu)), "analytic", None
     source = f"derived from {profile.derived_from}" if profile.derived_from else "measured"

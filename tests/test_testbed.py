@@ -129,6 +129,9 @@ def test_the_reference_testbeds_take_its_pages_its_clipped_arrivals_and_a_derive
     assert (given_link.link, given_link.link_gbps, given_link.link_latency_ms) == (None, 5.0, 1.0)
     with pytest.raises(ValueError, match="are missing"):
         tb.unscaled_cost_model(h100, "llada-8b", data=tmp_path / "empty")
+    elsewhere = dataclasses.replace(h100, profile_data=str(tmp_path / "mine"))  # as fit --profile writes it
+    with pytest.raises(ValueError, match=f"its profiles \\({tmp_path}/mine\\) are missing"):  # not data//abs
+        tb.unscaled_cost_model(elsewhere, "llada-8b")
 
 
 def test_a_written_testbed_reads_back(tmp_path: Path) -> None:

@@ -142,18 +142,20 @@ def assert_all_done_after_one_loss(run: Run, n: int = 24) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "workers", "victim", "pages"), [("2C", 2, 1, 4096), ("2P1C", 3, 1, 40), ("1P2D", 3, 2, 4096)]
+    ("mode", "workers", "victim", "pages", "n"),
+    [("2C", 2, 1, 4096, 24), ("2P1C", 3, 1, 40, 48), ("1P2D", 3, 2, 4096, 24)],
 )
 def test_a_killed_worker_costs_its_blocks_and_every_request_finishes(
-    tmp_path: Path, mode: str, workers: int, victim: int, pages: int
+    tmp_path: Path, mode: str, workers: int, victim: int, pages: int, n: int
 ) -> None:
     """kill -9 of a colocated worker, a prefill worker of 2P1C (with KV kept for a transfer: few decode
     pages), a decode worker of 1P2D, each while it holds blocks it has run forwards for: the run goes on
     and every request ends DONE; the blocks it held restarted elsewhere, their forwards done so far
-    redone."""
-    with launched(tmp_path, mode, workers, "--pages", str(pages)) as run:
+    redone. The prefill worker holds forwards in short spells: its run is twice as long, for more looks
+    (24 requests once ended before a look found one, in CI)."""
+    with launched(tmp_path, mode, workers, "--pages", str(pages), n=n) as run:
         kill_holding_forwards(run, victim)
-        assert_all_done_after_one_loss(run)
+        assert_all_done_after_one_loss(run, n)
 
 
 def test_a_stopped_worker_is_lost_within_the_timeout_and_fenced_after_it_continues(tmp_path: Path) -> None:

@@ -388,15 +388,18 @@ def read_blocks(dirs: Sequence[Path]) -> dict[tuple[str, str], list[int]]:
         if trace not in MASK_LEN:
             trace = "sharegpt"  # a trace file's requests are modelled as ShareGPT's (profiles.testbed)
         forwards = []
-        with blocks.open(newline="") as f:
-            for line, row in enumerate(csv.DictReader(f), start=2):
-                if row.get("forwards"):  # a block that never ran has none
-                    count = row["forwards"]
-                    if not (count.isascii() and count.isdigit() and 1 <= int(count) <= BLOCK):
-                        raise ValueError(
-                            f"{blocks}, line {line}: forwards must be in [1, {BLOCK}], got {count!r}"
-                        )
-                    forwards.append(int(count))
+        try:
+            text = blocks.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{blocks}: not UTF-8 text") from None
+        for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+            if row.get("forwards"):  # a block that never ran has none
+                count = row["forwards"]
+                if not (count.isascii() and count.isdigit() and 1 <= int(count) <= BLOCK):
+                    raise ValueError(
+                        f"{blocks}, line {line}: forwards must be in [1, {BLOCK}], got {count!r}"
+                    )
+                forwards.append(int(count))
         if not forwards:
             raise ValueError(f"{blocks}: no block with a forwards count")
         found.setdefault((str(model), str(trace)), []).extend(forwards)

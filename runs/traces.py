@@ -199,7 +199,7 @@ def _jsonl_records(path: Path, text: str) -> Iterator[_Record]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_no_repeats)
         except json.JSONDecodeError as err:
             raise TraceError(f"{path} line {line}: bad JSON: {err.msg} (column {err.colno})") from None
         except (ValueError, RecursionError) as err:  # an integer of thousands of digits, deep nesting
@@ -213,6 +213,15 @@ def _jsonl_records(path: Path, text: str) -> Iterator[_Record]:
             if name not in obj:
                 raise TraceError(f"{path} line {line}: missing required key {name!r}")
         yield line, obj
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (as a CSV file's columns must be); ValueError else."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        repeated = next(key for key in obj if sum(k == key for k, _ in pairs) > 1)
+        raise ValueError(f"key {repeated!r} given twice")
+    return obj
 
 
 def _to_row(fields: dict[str, Any], text: bool) -> TraceRow:

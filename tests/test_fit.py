@@ -296,6 +296,11 @@ def test_fit_blocks_measures_forwards_from_a_live_threshold_run(tmp_path: Path) 
         (run / "blocks.csv").write_text("\n".join([rows[0], ",".join(cells), *rows[2:]]) + "\n")
         assert main(["fit", "--blocks", str(run), "--out", str(tmp_path / "bad.json")]) == 2
         assert not (tmp_path / "bad.json").exists()
+    (run / "blocks.csv").write_bytes(b"\xff\xfe" + (run / "blocks.csv").read_bytes())
+    from calib.fit import read_blocks
+
+    with pytest.raises(ValueError, match=r"blocks\.csv: not UTF-8 text$"):  # was the codec's, no file named
+        read_blocks([run])
     summary = json.loads((run / "summary.json").read_text())
     summary["config"]["unmask"] = "schedule"
     (run / "summary.json").write_text(json.dumps(summary))

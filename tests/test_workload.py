@@ -266,6 +266,7 @@ MALFORMED = [
     ("t.jsonl", '{"prompt_len": 5, "output_len": 6, "steps": "1"}\n', 1, "steps must be a list"),
     ("t.jsonl", '{"prompt_len": 5, "output_len": 40, "steps": [1]}\n', 1, "makes 2 blocks"),
     ("t.jsonl", '{"prompt_len": 5, "output_len": 6, "arrival_time": "1"}\n', 1, "arrival_time must be"),
+    ("t.jsonl", '{"prompt_len": 5, "output_len": 6, "prompt_len": 9}\n', 1, "key 'prompt_len' given twice"),
     (
         "t.jsonl",
         '\n{"prompt_len": 5, "output_len": 6, "arrival_time": 2}\n{"prompt_len": 5, "output_len": 6, '

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from sangam.workload import (
 )
 
 DATASETS = tuple(MASK_LEN)
+MIN_QPS = 1e-6  # a request every 11.6 days
 # The live control plane's delay on a dispatch, which the simulator charges: the median from a block's end
 # to its re-prefill starting on an idle worker (report, routing, dispatch, pick-up) was 2.7-2.9 ms over
 # 2,458 such blocks of `sangam live --mode colocated`, LLaDA-8B on one H200 (a fresh arrival: about 2 ms).
@@ -102,8 +104,8 @@ class RunConfig:
                 )
         if self.num_requests > MAX_REQUESTS:
             raise ValueError(f"num-requests must be at most {MAX_REQUESTS}, got {self.num_requests}")
-        if not self.qps > 0:
-            raise ValueError(f"qps must be positive, got {self.qps}")
+        if not MIN_QPS <= self.qps < math.inf:  # 1e-320 made every arrival gap infinite
+            raise ValueError(f"qps must be a finite rate of at least {MIN_QPS:g}, got {self.qps}")
         check_arrival_cv(self.arrival_cv)
         check_arrival_clip(self.arrival_clip)
         if self.arrival_clip is not None and self.arrival_cv is not None:

@@ -250,6 +250,7 @@ def test_trace_command_writes_the_synthetic_trace(tmp_path: Path) -> None:
         (["--arrival-cv", "1e-300"], "arrival CV must be in [0.001, 100]"),  # CV^2 is 0: ZeroDivisionError
         (["--progress", "empirical:"], "empirical progress needs a file: empirical:FILE"),  # '.': a folder
         (["--progress", "betabinom:10:1e308"], "spread 1e+308 out of range"),  # squared: OverflowError
+        (["--qps", "1e-320"], "qps must be a finite rate of at least 1e-06"),  # gaps were infinite
         (["--qps", ""], "expected a positive number, got ''"),  # was an IndexError
         (["--qps", "6,,7"], "expected a positive number, got ''"),  # was taken as 6,7
         (["--qps", "1", "1.0000001"], "lists 1 twice (1.0 and 1.0000001 both show as 1)"),  # one qps-1/

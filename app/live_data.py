@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from app.sweep import PointSpec
 from profiles.testbed import Testbed
 from profiles.testbeds import known_testbeds, load_testbed
 from runs.config import RunConfig
+from runs.live_summary import finite_number
 from runs.results import METRICS
 from sangam.hardware import BLOCK, MODELS
 from sangam.workload import TraceRow, check_steps
@@ -76,15 +76,8 @@ def _check_summary(summary: Mapping[str, Any]) -> None:
             raise InputError(f"summary.json: kv_link must be an object, got {link!r}")
         values.update({f"kv_link.{key}": link.get(key) for key in ("gb_per_s", "latency_s")})
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        if not finite_number(value):
             raise InputError(f"summary.json: {key} must be a finite number, got {value!r}")
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int past a float's range
-        return False
 
 
 def load_directory(path: str | Path) -> LiveRun:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from rich.table import Table
 
 from profiles.testbeds import choose_testbed
 from runs.config import RunConfig, RunFiles, synthetic_rows
-from runs.live_summary import check_measured, run_config
+from runs.live_summary import check_measured, finite_number, run_summary
 from runs.options import nonempty_path, option
 from sim.points import run_points
 from sim.run import SimResult
@@ -186,13 +185,13 @@ def read_summary(directory: Path) -> dict[str, Any]:
     """A live run's summary.json, of a whole run that served its model on GPUs, whose compared metrics
     are numbers; ValueError (one line) else."""
     where = f"{directory}/summary.json"
-    check_measured(run_config(directory), where)  # a dict with a config, then
-    summary: dict[str, Any] = json.loads((directory / "summary.json").read_text())
+    summary = run_summary(directory)
+    check_measured(summary["config"], where)
     if summary.get("partial") or not summary.get("completed"):
         raise ValueError(f"{where}: a run that stopped early or completed nothing: nothing to validate")
     for key in (key for key in COMPARED if key in summary):  # runs of older code lack some
         value = summary[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        if not finite_number(value) or value < 0:
             raise ValueError(f"{where}: {key} must be a number of 0 or more, got {value!r}")
     return summary
 
